@@ -1,0 +1,160 @@
+"""Literate export: build code/annotated_transformer.py from the chapters' cells whose
+first line is exactly `#| export`, in _toc.yml order.
+
+    python code/export.py           # regenerate the module
+    python code/export.py --check   # exit 1, with a diff, if the module is out of date
+
+Exported cells may hold only imports, definitions and UPPER_CASE constants, so that
+importing the module has no side effects; anything else is refused, naming the cell.
+"""
+
+import argparse
+import ast
+import difflib
+import json
+import pathlib
+import sys
+
+import yaml
+
+MARKER = "#| export"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MODULE = ROOT / "code" / "annotated_transformer.py"
+HEADER = '''"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), annotated.
+
+GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
+`#| export` in chapters/, in the order of _toc.yml; change a chapter, then run
+`python code/export.py` (or `python code/run_chapters.py`, which also re-executes).
+"""
+'''
+
+
+class ExportError(Exception):
+    pass
+
+
+def toc_files(root=ROOT):
+    """The files of _toc.yml in reading order (root first, sections depth-first)."""
+    toc = yaml.safe_load((root / "_toc.yml").read_text())
+    files = [toc["root"]]
+
+    def walk(entries):
+        for entry in entries:
+            if "file" in entry:
+                files.append(entry["file"])
+            walk(entry.get("sections", []))
+
+    for part in toc.get("parts", []):
+        walk(part.get("chapters", []))
+    walk(toc.get("chapters", []))
+    return files
+
+
+def _is_allowed(node):
+    if isinstance(
+        node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    ):
+        return True
+    if (
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    ):
+        return True  # a bare string (docstring)
+    targets = (
+        node.targets
+        if isinstance(node, ast.Assign)
+        else [node.target]
+        if isinstance(node, ast.AnnAssign)
+        else None
+    )
+    return bool(targets) and all(isinstance(t, ast.Name) and t.id.isupper() for t in targets)
+
+
+def _shown(path):
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
+def exported_cells(notebook_path):
+    """(cell number, source without the marker line) of each exported cell, checked."""
+    notebook = json.loads(notebook_path.read_text())
+    cells = []
+    for number, cell in enumerate(notebook["cells"], start=1):
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        first, _, body = source.partition("\n")
+        if cell["cell_type"] != "code" or first.rstrip() != MARKER:
+            continue
+        where = f"{_shown(notebook_path)}, cell {number}"
+        try:
+            tree = ast.parse(body)
+        except SyntaxError as error:
+            raise ExportError(f"{where}: not valid Python: {error}") from error
+        for node in tree.body:
+            if not _is_allowed(node):
+                raise ExportError(
+                    f"{where}, line {node.lineno + 1}: exported cells may hold only imports, "
+                    f"definitions and UPPER_CASE constants, found {type(node).__name__}; "
+                    f"move it to a cell without '{MARKER}'"
+                )
+        cells.append((number, body.strip("\n")))
+    return cells
+
+
+def _title(notebook_path):
+    for cell in json.loads(notebook_path.read_text())["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "markdown" and source.startswith("# "):
+            return source.splitlines()[0][2:].strip()
+    return notebook_path.stem
+
+
+def generate(root=ROOT):
+    """The module's text, built from the chapters."""
+    text = HEADER
+    for file in toc_files(root):
+        path = root / f"{file}.ipynb"
+        if not path.exists():
+            continue
+        cells = exported_cells(path)
+        if not cells:
+            continue
+        banner = f"# {'-' * 86}\n# {_title(path)}, from {path.relative_to(root)}\n# {'-' * 86}"
+        text += "\n\n" + banner + "\n\n" + "\n\n\n".join(body for _, body in cells) + "\n"
+    return text
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="fail if the module differs from the chapters"
+    )
+    args = parser.parse_args(argv)
+    try:
+        text = generate()
+    except ExportError as error:
+        print(f"export: {error}", file=sys.stderr)
+        return 2
+    current = MODULE.read_text() if MODULE.exists() else ""
+    if args.check:
+        if current == text:
+            print(f"{_shown(MODULE)} is up to date with chapters/")
+            return 0
+        diff = difflib.unified_diff(
+            current.splitlines(keepends=True),
+            text.splitlines(keepends=True),
+            f"{_shown(MODULE)} (committed)",
+            "generated from chapters/",
+        )
+        sys.stdout.writelines(diff)
+        print(f"\n{_shown(MODULE)} differs from the chapters: run `python code/export.py`")
+        return 1
+    if current != text:
+        MODULE.write_text(text)
+    print(f"wrote {_shown(MODULE)}" if current != text else "module already up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The literate export: the committed module is what the chapters generate, in _toc.yml
+order, and cells with side effects are refused."""
+
+import json
+
+import export
+import pytest
+
+
+def test_committed_module_matches_the_chapters():
+    generated = export.generate()
+    assert export.MODULE.read_text() == generated, (
+        "code/annotated_transformer.py differs from the chapters: run `python code/export.py`"
+    )
+
+
+def test_check_flag_reports_drift(tmp_path, monkeypatch, capsys):
+    stale = tmp_path / "annotated_transformer.py"
+    stale.write_text(export.generate().replace("def attention(", "def attention_renamed("))
+    monkeypatch.setattr(export, "MODULE", stale)
+    assert export.main(["--check"]) == 1
+    assert "run `python code/export.py`" in capsys.readouterr().out
+    stale.write_text(export.generate())
+    assert export.main(["--check"]) == 0
+
+
+def test_module_follows_the_table_of_contents():
+    text = export.MODULE.read_text()
+    chapters = [f for f in export.toc_files() if (export.ROOT / f"{f}.ipynb").exists()]
+    positions = [
+        text.find(f"from {f}.ipynb\n")
+        for f in chapters
+        if export.exported_cells(export.ROOT / f"{f}.ipynb")
+    ]
+    assert all(p > 0 for p in positions) and positions == sorted(positions)
+    # the paper's order: attention (3.2.1) before multi-head (3.2.2) before the full model (3.6)
+    assert (
+        text.index("def attention(")
+        < text.index("class MultiHeadedAttention")
+        < text.index("def make_model(")
+    )
+
+
+def _notebook(tmp_path, *sources):
+    cells = [
+        {"cell_type": "code", "source": s, "metadata": {}, "outputs": [], "execution_count": None}
+        for s in sources
+    ]
+    path = tmp_path / "chapter.ipynb"
+    path.write_text(
+        json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+    )
+    return path
+
+
+def test_only_marked_cells_are_exported(tmp_path):
+    path = _notebook(
+        tmp_path, "#| export\ndef f():\n    return 1\n", "x = f()\n", "# | export\ndef g(): pass"
+    )
+    assert export.exported_cells(path) == [(1, "def f():\n    return 1")]
+
+
+@pytest.mark.parametrize(
+    "statement", ["print('side effect')", "model = make()", "for i in range(3):\n    pass"]
+)
+def test_side_effects_are_refused_naming_the_cell(tmp_path, statement):
+    path = _notebook(tmp_path, "#| export\nimport math\n", f"#| export\nLIMIT = 3\n{statement}\n")
+    with pytest.raises(export.ExportError, match=r"chapter.ipynb, cell 2, line 3"):
+        export.exported_cells(path)
+
+
+def test_module_imports_without_side_effects():
+    import annotated_transformer as at
+
+    assert callable(at.make_model) and at.BASE.d_model == 512

@@ -1,0 +1,281 @@
+"""The model of §3: each behaviour the chapters claim, pinned down so that it fails
+without the behaviour."""
+
+import math
+
+import annotated_transformer as at
+import pytest
+import torch
+import torch.nn.functional as F
+
+PAD = 0
+
+
+@pytest.fixture(autouse=True)
+def seed():
+    torch.manual_seed(0)
+
+
+def tiny_model(**options):
+    options = {"N": 2, "d_model": 32, "d_ff": 64, "h": 4, "dropout": 0.1} | options
+    return at.make_model(13, 13, **options).eval()
+
+
+def toy_batch():
+    src = torch.randint(1, 13, (3, 7))
+    src[1, 5:] = PAD  # a padded sentence
+    tgt = torch.randint(1, 13, (3, 6))
+    tgt[2, 4:] = PAD
+    return src, tgt, at.padding_mask(src, PAD), at.target_mask(tgt, PAD)
+
+
+# ---- masks ----------------------------------------------------------------------------
+
+
+def test_subsequent_mask_is_boolean_lower_triangular():
+    mask = at.subsequent_mask(4)
+    assert mask.shape == (1, 4, 4) and mask.dtype == torch.bool
+    assert torch.equal(mask[0], torch.ones(4, 4).tril().bool())
+
+
+def test_target_mask_combines_padding_and_future():
+    tgt = torch.tensor([[5, 6, PAD]])
+    expected = torch.tensor([[[1, 0, 0], [1, 1, 0], [1, 1, 0]]], dtype=torch.bool)
+    assert torch.equal(at.target_mask(tgt, PAD), expected)
+
+
+# ---- fused and reference attention agree ---------------------------------------------
+
+
+@pytest.mark.parametrize("masking", ["none", "padding", "causal"])
+def test_fused_kernel_agrees_with_reference_attention(masking):
+    query, key, value = (torch.randn(2, 4, 6, 16) for _ in range(3))
+    mask = {
+        "none": None,
+        "padding": torch.tensor([1, 1, 1, 1, 0, 0]).bool().view(1, 1, 1, 6),
+        "causal": at.subsequent_mask(6).unsqueeze(1),
+    }[masking]
+    reference, weights = at.attention(query, key, value, mask)
+    fused = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+    torch.testing.assert_close(fused, reference, atol=1e-5, rtol=0)
+    assert torch.allclose(weights.sum(-1), torch.ones(2, 4, 6))
+
+
+@pytest.mark.parametrize("mask_kind", ["padding", "causal"])
+def test_fused_and_reference_multi_head_attention_agree(mask_kind):
+    fused = at.MultiHeadedAttention(4, 32, fused=True).eval()
+    reference = at.MultiHeadedAttention(4, 32, fused=False).eval()
+    reference.load_state_dict(fused.state_dict())
+    x = torch.randn(2, 6, 32)
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 6], [1, 2, 3, PAD, PAD, PAD]])
+    mask = at.padding_mask(tokens, PAD) if mask_kind == "padding" else at.target_mask(tokens, PAD)
+    torch.testing.assert_close(fused(x, x, x, mask), reference(x, x, x, mask), atol=1e-5, rtol=0)
+    assert reference.weights.shape == (2, 4, 6, 6) and fused.weights is None
+
+
+def test_fused_and_reference_whole_model_agree():
+    model = tiny_model()
+    src, tgt, src_mask, tgt_mask = toy_batch()
+    with torch.no_grad():
+        fused = model(src, tgt, src_mask, tgt_mask)
+        reference = at.use_fused_attention(model, False)(src, tgt, src_mask, tgt_mask)
+    torch.testing.assert_close(fused, reference, atol=1e-5, rtol=0)
+
+
+# ---- causality and padding ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("j", [1, 3, 5])
+def test_decoder_cannot_see_the_future(fused, j):
+    model = tiny_model(fused=fused)
+    src, tgt, src_mask, _ = toy_batch()
+    tgt = torch.randint(1, 13, (3, 6))
+    changed = tgt.clone()
+    changed[:, j] = (tgt[:, j] % 12) + 1  # a different real token at position j
+    with torch.no_grad():
+        before = model(src, tgt, src_mask, at.target_mask(tgt, PAD))
+        after = model(src, changed, src_mask, at.target_mask(changed, PAD))
+    assert torch.equal(before[:, :j], after[:, :j])
+    assert not torch.allclose(before[:, j:], after[:, j:])
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_padded_source_tokens_change_nothing(fused):
+    model = tiny_model(fused=fused)
+    src, tgt, src_mask, tgt_mask = toy_batch()
+    changed = src.clone()
+    changed[1, 5:] = torch.tensor([7, 9])  # overwrite the padding of sentence 1, keep its mask
+    with torch.no_grad():
+        before = model(src, tgt, src_mask, tgt_mask)
+        after = model(changed, tgt, src_mask, tgt_mask)
+    torch.testing.assert_close(before, after, atol=1e-6, rtol=0)
+    # and without the mask the same change does leak into the output
+    with torch.no_grad():
+        unmasked = model(changed, tgt, torch.ones_like(src_mask), tgt_mask)
+    assert not torch.allclose(before[1], unmasked[1], atol=1e-4)
+
+
+# ---- positional encoding --------------------------------------------------------------
+
+
+def test_positional_encoding_equals_the_formula():
+    table = at.positional_encoding(60, 16)
+    assert table.shape == (60, 16) and table.dtype == torch.float32
+    for pos in (0, 1, 7, 59):
+        for i in range(8):
+            angle = pos / 10000 ** (2 * i / 16)
+            assert table[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+@pytest.mark.parametrize("k", [1, 5, 40])
+def test_positional_encoding_shift_is_a_rotation(k):
+    d_model = 64
+    table = at.positional_encoding(200, d_model).double()
+    omega = 1 / 10000 ** (torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    rotation = torch.zeros(d_model, d_model, dtype=torch.float64)
+    for i, w in enumerate(omega):  # a matrix that depends on k only, not on pos
+        c, s = math.cos(k * w), math.sin(k * w)
+        rotation[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor([[c, s], [-s, c]])
+    shifted = table[: 200 - k] @ rotation.T
+    torch.testing.assert_close(shifted, table[k:], atol=1e-5, rtol=0)
+
+
+def test_sequence_longer_than_the_table_is_refused():
+    model = tiny_model(max_len=10)
+    src = torch.randint(1, 13, (1, 11))
+    with pytest.raises(ValueError, match="max_len=10"):
+        model.encode(src, at.padding_mask(src, PAD))
+
+
+# ---- parameters and weight sharing ----------------------------------------------------
+
+
+def test_base_model_has_about_65M_parameters():
+    model = at.make_model(37000, 37000, share_embeddings=True)
+    assert abs(at.count_parameters(model) - 65e6) / 65e6 < 0.05
+    embedding = model.src_embed[0].embedding.weight
+    assert model.tgt_embed[0].embedding.weight is embedding
+    assert model.generator.projection.weight is embedding
+
+
+def test_unshared_model_has_three_matrices():
+    shared = at.count_parameters(
+        at.make_model(1000, 1000, N=1, d_model=64, d_ff=128, share_embeddings=True)
+    )
+    separate = at.count_parameters(at.make_model(1000, 1000, N=1, d_model=64, d_ff=128))
+    assert separate - shared == 2 * 1000 * 64
+
+
+# ---- post-LN ---------------------------------------------------------------------------
+
+
+def _sublayer_calls(model):
+    """Record (input, sub-layer output, block output) for every residual block that runs."""
+    calls = []
+
+    def hook(block, args, output):
+        x, sublayer = args
+        calls.append((block, x, sublayer(x if not block.pre_norm else block.norm(x)), output))
+
+    for block in model.modules():
+        if isinstance(block, at.SublayerConnection):
+            block.register_forward_hook(hook)
+    return calls
+
+
+def test_post_ln_by_default_every_block_is_layernorm_of_the_sum():
+    model = tiny_model()
+    calls = _sublayer_calls(model)
+    with torch.no_grad():
+        model(*toy_batch())
+    assert len(calls) == 2 * 2 + 2 * 3  # N=2 encoder layers x 2 blocks + N=2 decoder layers x 3
+    for block, x, sub, output in calls:
+        assert not block.pre_norm
+        assert torch.equal(output, block.norm(x + sub))
+    assert isinstance(model.encoder.norm, torch.nn.Identity)
+    assert isinstance(model.decoder.norm, torch.nn.Identity)
+
+
+def test_every_layer_output_is_normalised_under_post_ln():
+    model = tiny_model()
+    outputs = []
+    for layer in [*model.encoder.layers, *model.decoder.layers]:
+        layer.register_forward_hook(lambda module, args, out: outputs.append(out))
+    with torch.no_grad():
+        model(*toy_batch())
+    for out in outputs:
+        torch.testing.assert_close(out.mean(-1), torch.zeros(out.shape[:-1]), atol=1e-5, rtol=0)
+
+
+def test_pre_ln_is_an_option_with_a_final_norm():
+    model = tiny_model(pre_norm=True)
+    calls = _sublayer_calls(model)
+    with torch.no_grad():
+        model(*toy_batch())
+    for block, x, sub, output in calls:
+        assert block.pre_norm
+        assert torch.equal(output, x + sub)
+    assert isinstance(model.encoder.norm, torch.nn.LayerNorm)
+    assert isinstance(model.decoder.norm, torch.nn.LayerNorm)
+
+
+# ---- validation and edge cases ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"d_model": 30, "h": 4}, "d_model=30 is not divisible by h=4"),
+        ({"N": 0}, "N must be a positive integer"),
+        ({"d_ff": -1}, "d_ff must be a positive integer"),
+        ({"h": 0}, "h must be a positive integer"),
+        ({"dropout": 1.5}, "dropout must be a probability"),
+        ({"max_len": 0}, "max_len must be a positive integer"),
+    ],
+)
+def test_bad_sizes_raise_value_error_naming_the_argument(options, named):
+    with pytest.raises(ValueError, match=named):
+        at.make_model(13, 13, **options)
+
+
+def test_bad_vocabularies_raise_value_error():
+    with pytest.raises(ValueError, match="src_vocab=100 != tgt_vocab=120"):
+        at.make_model(100, 120, N=1, share_embeddings=True)
+    with pytest.raises(ValueError, match="tgt_vocab must be a positive integer"):
+        at.make_model(100, 0, N=1)
+
+
+def test_multi_head_attention_validates_its_sizes():
+    with pytest.raises(ValueError, match="d_model=512 is not divisible by h=7"):
+        at.MultiHeadedAttention(7, 512)
+    assert at.MultiHeadedAttention(7, 512, d_k=64, d_v=64).w_o.in_features == 7 * 64
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_empty_source_gives_finite_outputs(fused):
+    model = tiny_model(fused=fused)
+    tgt = torch.tensor([[1, 4, 5]])
+    for src in (torch.zeros(1, 0, dtype=torch.long), torch.full((1, 4), PAD)):
+        with torch.no_grad():
+            out = model.generator(
+                model(src, tgt, at.padding_mask(src, PAD), at.target_mask(tgt, PAD))
+            )
+        assert out.shape == (1, 3, 13) and torch.isfinite(out).all()
+
+
+def test_fully_masked_row_gives_zero_weights_not_nan():
+    scores_mask = torch.tensor([[True, True], [False, False]]).unsqueeze(0)
+    output, weights = at.attention(
+        torch.randn(1, 2, 4), torch.randn(1, 2, 4), torch.randn(1, 2, 4), scores_mask
+    )
+    assert torch.equal(weights[0, 1], torch.zeros(2)) and torch.equal(output[0, 1], torch.zeros(4))
+
+
+def test_half_precision_masking_neither_overflows_nor_gives_nan():
+    query, key, value = (torch.randn(1, 2, 5, 8, dtype=torch.float16) * 30 for _ in range(3))
+    mask = at.subsequent_mask(5).unsqueeze(1)
+    output, weights = at.attention(query, key, value, mask)
+    assert torch.isfinite(output).all() and torch.isfinite(weights).all()
+    assert (weights.float().sum(-1) - 1).abs().max() < 1e-2
