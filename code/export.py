@@ -68,7 +68,8 @@ def _is_allowed(node):
         if isinstance(node, ast.AnnAssign)
         else None
     )
-    return bool(targets) and all(isinstance(t, ast.Name) and t.id.isupper() for t in targets)
+    names = [n for t in targets or [] for n in (t.elts if isinstance(t, ast.Tuple) else [t])]
+    return bool(names) and all(isinstance(n, ast.Name) and n.id.isupper() for n in names)
 
 
 def _shown(path):

@@ -13,9 +13,10 @@ import pathlib
 import sys
 import time
 
-import export
 import nbformat
 from nbclient import NotebookClient
+
+import export
 
 KERNEL = {"display_name": "Python 3", "language": "python", "name": "python3"}
 

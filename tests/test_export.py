@@ -3,8 +3,9 @@ order, and cells with side effects are refused."""
 
 import json
 
-import export
 import pytest
+
+import export
 
 
 def test_committed_module_matches_the_chapters():

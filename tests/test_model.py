@@ -3,10 +3,11 @@ without the behaviour."""
 
 import math
 
-import annotated_transformer as at
 import pytest
 import torch
 import torch.nn.functional as F
+
+import annotated_transformer as at
 
 PAD = 0
 

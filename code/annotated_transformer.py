@@ -1,0 +1,968 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), annotated.
+
+GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
+`#| export` in chapters/, in the order of _toc.yml; change a chapter, then run
+`python code/export.py` (or `python code/run_chapters.py`, which also re-executes).
+"""
+
+
+# --------------------------------------------------------------------------------------
+# 3.1 Encoder and Decoder Stacks, from chapters/03_1_encoder_decoder_stacks.ipynb
+# --------------------------------------------------------------------------------------
+
+import copy
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class EncoderDecoder(nn.Module):
+    """§3.1, Figure 1: the encoder maps the source symbols (x_1..x_n) to a sequence of
+    continuous representations, the memory z; given z, the decoder produces the target
+    one symbol at a time, auto-regressively.
+
+    forward(src (batch, seq_src), tgt (batch, seq_tgt), src_mask (batch, 1, seq_src),
+    tgt_mask (batch, seq_tgt, seq_tgt)) -> decoder states (batch, seq_tgt, d_model);
+    `generator` turns them into log-probabilities.
+    """
+
+    def __init__(self, encoder, decoder, src_embed, tgt_embed, generator):
+        super().__init__()
+        self.encoder = encoder
+        self.decoder = decoder
+        self.src_embed = src_embed
+        self.tgt_embed = tgt_embed
+        self.generator = generator
+
+    def forward(self, src, tgt, src_mask, tgt_mask):
+        memory = self.encode(src, src_mask)
+        return self.decode(memory, src_mask, tgt, tgt_mask)
+
+    def encode(self, src, src_mask):
+        return self.encoder(self.src_embed(src), src_mask)
+
+    def decode(self, memory, src_mask, tgt, tgt_mask):
+        return self.decoder(self.tgt_embed(tgt), memory, src_mask, tgt_mask)
+
+
+def clones(module, N):
+    """N independent (deep) copies of `module`: the N = 6 identical layers of §3.1."""
+    return nn.ModuleList(copy.deepcopy(module) for _ in range(N))
+
+
+class SublayerConnection(nn.Module):
+    """§3.1 and §5.4: the output of each sub-layer is LayerNorm(x + Dropout(Sublayer(x))).
+
+    That is post-LN, the paper's arrangement and the default. pre_norm=True gives the
+    later pre-LN variant, x + Dropout(Sublayer(LayerNorm(x))), which the stacks then
+    close with one final LayerNorm.
+    """
+
+    def __init__(self, d_model, dropout, pre_norm=False):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def forward(self, x, sublayer):
+        if self.pre_norm:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderLayer(nn.Module):
+    """§3.1: multi-head self-attention, then a position-wise feed-forward network,
+    each wrapped in a SublayerConnection. (batch, seq, d_model) -> same shape."""
+
+    def __init__(self, d_model, self_attn, feed_forward, dropout, pre_norm=False):
+        super().__init__()
+        self.d_model = d_model
+        self.pre_norm = pre_norm
+        self.self_attn = self_attn
+        self.feed_forward = feed_forward
+        self.sublayer = clones(SublayerConnection(d_model, dropout, pre_norm), 2)
+
+    def forward(self, x, mask):
+        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, mask))
+        return self.sublayer[1](x, self.feed_forward)
+
+
+class Encoder(nn.Module):
+    """§3.1: a stack of N identical encoder layers."""
+
+    def __init__(self, layer, N):
+        super().__init__()
+        self.layers = clones(layer, N)
+        # Post-LN layers already end in a LayerNorm; pre-LN ones leave the residual
+        # stream un-normalised, so only they need a final one.
+        self.norm = nn.LayerNorm(layer.d_model) if layer.pre_norm else nn.Identity()
+
+    def forward(self, x, mask):
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.norm(x)
+
+
+class DecoderLayer(nn.Module):
+    """§3.1: masked self-attention, encoder-decoder attention over the memory, and a
+    feed-forward network, each wrapped in a SublayerConnection."""
+
+    def __init__(self, d_model, self_attn, src_attn, feed_forward, dropout, pre_norm=False):
+        super().__init__()
+        self.d_model = d_model
+        self.pre_norm = pre_norm
+        self.self_attn = self_attn
+        self.src_attn = src_attn
+        self.feed_forward = feed_forward
+        self.sublayer = clones(SublayerConnection(d_model, dropout, pre_norm), 3)
+
+    def forward(self, x, memory, src_mask, tgt_mask):
+        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, tgt_mask))
+        x = self.sublayer[1](x, lambda x: self.src_attn(x, memory, memory, src_mask))
+        return self.sublayer[2](x, self.feed_forward)
+
+
+class Decoder(nn.Module):
+    """§3.1: a stack of N identical decoder layers."""
+
+    def __init__(self, layer, N):
+        super().__init__()
+        self.layers = clones(layer, N)
+        self.norm = nn.LayerNorm(layer.d_model) if layer.pre_norm else nn.Identity()
+
+    def forward(self, x, memory, src_mask, tgt_mask):
+        for layer in self.layers:
+            x = layer(x, memory, src_mask, tgt_mask)
+        return self.norm(x)
+
+
+def subsequent_mask(size):
+    """§3.1: position i of the decoder may attend to positions <= i only.
+    Returns a bool tensor (1, size, size), True where attending is allowed."""
+    return torch.tril(torch.ones(1, size, size, dtype=torch.bool))
+
+
+# --------------------------------------------------------------------------------------
+# 3.2.1 Scaled Dot-Product Attention, from chapters/03_2_1_scaled_dot_product_attention.ipynb
+# --------------------------------------------------------------------------------------
+
+def attention(query, key, value, mask=None, dropout=None):
+    """Eq. (1): Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, the reference version.
+
+    query (..., seq_q, d_k), key (..., seq_k, d_k), value (..., seq_k, d_v); mask is
+    boolean, broadcastable to (..., seq_q, seq_k), True where attending is allowed.
+    Returns (output (..., seq_q, d_v), weights (..., seq_q, seq_k)).
+    """
+    d_k = query.size(-1)
+    scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)
+    if mask is not None:
+        # -inf rather than -1e9: -1e9 overflows float16 (its largest value is 65504)
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    if mask is not None:
+        # a query that may attend to nothing (an empty source) gets zero weights, not 0/0 = NaN
+        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    if dropout is not None:
+        weights = dropout(weights)
+    return weights @ value, weights
+
+
+# --------------------------------------------------------------------------------------
+# 3.2.2 Multi-Head Attention, from chapters/03_2_2_multi_head_attention.ipynb
+# --------------------------------------------------------------------------------------
+
+class MultiHeadedAttention(nn.Module):
+    """§3.2.2: MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,
+    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    The h projections of size d_k (d_v) are computed as one d_model -> h*d_k matrix.
+    query (batch, seq_q, d_model), key and value (batch, seq_k, d_model), mask
+    (batch, 1 or seq_q, seq_k) -> (batch, seq_q, d_model). fused=True runs Eq. (1) with
+    torch's scaled_dot_product_attention, fused=False with the reference `attention`,
+    which also keeps the weights of the last call in `self.weights` for plotting.
+    """
+
+    def __init__(self, h, d_model, dropout=0.0, fused=True, d_k=None, d_v=None):
+        super().__init__()
+        for name, value in (("h", h), ("d_model", d_model), ("d_k", d_k), ("d_v", d_v)):
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if (d_k is None or d_v is None) and d_model % h:
+            raise ValueError(
+                f"d_model={d_model} is not divisible by h={h}: the paper uses "
+                f"d_k = d_v = d_model / h; pick an h that divides d_model or pass d_k and d_v"
+            )
+        self.h = h
+        self.d_k = d_k or d_model // h
+        self.d_v = d_v or d_model // h
+        # The paper's projections are plain matrices W (no bias), as in tensor2tensor.
+        self.w_q = nn.Linear(d_model, h * self.d_k, bias=False)
+        self.w_k = nn.Linear(d_model, h * self.d_k, bias=False)
+        self.w_v = nn.Linear(d_model, h * self.d_v, bias=False)
+        self.w_o = nn.Linear(h * self.d_v, d_model, bias=False)
+        self.dropout = nn.Dropout(dropout)
+        self.fused = fused
+        self.weights = None
+
+    def forward(self, query, key, value, mask=None):
+        batch = query.size(0)
+        if mask is not None:
+            mask = mask.unsqueeze(1)  # one mask for all heads: (batch, 1, seq_q or 1, seq_k)
+        # (batch, seq, h * d_k) -> (batch, h, seq, d_k)
+        query = self.w_q(query).view(batch, -1, self.h, self.d_k).transpose(1, 2)
+        key = self.w_k(key).view(batch, -1, self.h, self.d_k).transpose(1, 2)
+        value = self.w_v(value).view(batch, -1, self.h, self.d_v).transpose(1, 2)
+        if self.fused:
+            x = F.scaled_dot_product_attention(
+                query,
+                key,
+                value,
+                attn_mask=mask,
+                dropout_p=self.dropout.p if self.training else 0.0,
+            )
+            if mask is not None:
+                # same rule as `attention`: a query that sees nothing outputs zeros on every backend
+                x = x.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+            self.weights = None
+        else:
+            x, weights = attention(query, key, value, mask, self.dropout)
+            self.weights = weights.detach()
+        # (batch, h, seq_q, d_v) -> (batch, seq_q, h * d_v): Concat(head_1, ..., head_h)
+        x = x.transpose(1, 2).reshape(batch, -1, self.h * self.d_v)
+        return self.w_o(x)
+
+
+# --------------------------------------------------------------------------------------
+# 3.2.3 Applications of Attention in our Model, from chapters/03_2_3_applications_of_attention.ipynb
+# --------------------------------------------------------------------------------------
+
+def padding_mask(tokens, pad_idx):
+    """(batch, seq) token ids -> (batch, 1, seq) bool, True at real tokens. Used by encoder
+    self-attention and by encoder-decoder attention, so no query attends to padding."""
+    return (tokens != pad_idx).unsqueeze(-2)
+
+
+def target_mask(tgt, pad_idx):
+    """(batch, seq) target ids -> (batch, seq, seq) bool for masked decoder
+    self-attention: neither padding nor later positions may be attended to."""
+    return padding_mask(tgt, pad_idx) & subsequent_mask(tgt.size(-1)).to(tgt.device)
+
+
+# --------------------------------------------------------------------------------------
+# 3.3 Position-wise Feed-Forward Networks, from chapters/03_3_position_wise_feed_forward.ipynb
+# --------------------------------------------------------------------------------------
+
+class PositionwiseFeedForward(nn.Module):
+    """Eq. (2): FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, the same two linear maps at every
+    position. (batch, seq, d_model) -> same shape, through d_ff hidden units.
+
+    dropout acts on the hidden ReLU units; the paper names no such dropout, so the
+    default is 0 (the Annotated Transformer uses P_drop here)."""
+
+    def __init__(self, d_model, d_ff, dropout=0.0):
+        super().__init__()
+        self.w_1 = nn.Linear(d_model, d_ff)
+        self.w_2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.w_2(self.dropout(self.w_1(x).relu()))
+
+
+# --------------------------------------------------------------------------------------
+# 3.4 Embeddings and Softmax, from chapters/03_4_embeddings_and_softmax.ipynb
+# --------------------------------------------------------------------------------------
+
+class Embeddings(nn.Module):
+    """§3.4: learned embeddings of size d_model, multiplied by sqrt(d_model).
+    (batch, seq) token ids -> (batch, seq, d_model)."""
+
+    def __init__(self, d_model, vocab):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, d_model)
+        self.d_model = d_model
+
+    def forward(self, tokens):
+        return self.embedding(tokens) * math.sqrt(self.d_model)
+
+
+class Generator(nn.Module):
+    """§3.4: the pre-softmax linear transformation and softmax that turn decoder states
+    (batch, seq, d_model) into next-token log-probabilities (batch, seq, vocab)."""
+
+    def __init__(self, d_model, vocab):
+        super().__init__()
+        # no bias, so that this matrix can be the embedding matrix itself (weight sharing)
+        self.projection = nn.Linear(d_model, vocab, bias=False)
+
+    def forward(self, x):
+        return F.log_softmax(self.projection(x), dim=-1)
+
+
+# --------------------------------------------------------------------------------------
+# 3.5 Positional Encoding, from chapters/03_5_positional_encoding.ipynb
+# --------------------------------------------------------------------------------------
+
+def positional_encoding(max_len, d_model):
+    """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i / d_model)), PE(pos, 2i+1) = cos(same).
+    Returns the (max_len, d_model) float32 table."""
+    for name, value in (("max_len", max_len), ("d_model", d_model)):
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if d_model % 2:
+        raise ValueError(f"d_model={d_model} must be even: dimensions come in sin/cos pairs")
+    # float64, so the table is exact to float32 even at pos ~ 10^4
+    position = torch.arange(max_len, dtype=torch.float64).unsqueeze(1)
+    wavelength = 10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    table = torch.empty(max_len, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position / wavelength)
+    table[:, 1::2] = torch.cos(position / wavelength)
+    return table.float()
+
+
+class PositionalEncoding(nn.Module):
+    """§3.5 and §5.4: adds the sinusoidal table to the embeddings, then dropout.
+    (batch, seq, d_model) -> same shape; seq may not exceed max_len."""
+
+    def __init__(self, d_model, dropout, max_len=5000):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        # a buffer moves with .to(device) but is no parameter; not saved, as it is a formula
+        self.register_buffer("table", positional_encoding(max_len, d_model), persistent=False)
+
+    @property
+    def max_len(self):
+        return self.table.size(0)
+
+    def forward(self, x):
+        seq = x.size(1)
+        if seq > self.max_len:
+            raise ValueError(
+                f"sequence of length {seq} is longer than the positional table "
+                f"(max_len={self.max_len}); build the model with a larger max_len"
+            )
+        return self.dropout(x + self.table[:seq])
+
+
+# --------------------------------------------------------------------------------------
+# 3.6 (ours) The Full Model, from chapters/03_6_full_model.ipynb
+# --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture's hyperparameters, named as in Table 3; defaults are the base model.
+
+    d_k and d_v default to d_model / h. attention_dropout and relu_dropout are not in the
+    paper (which drops only sub-layer outputs and embeddings, §5.4) and default to 0."""
+
+    N: int = 6
+    d_model: int = 512
+    d_ff: int = 2048
+    h: int = 8
+    d_k: int | None = None
+    d_v: int | None = None
+    dropout: float = 0.1
+    max_len: int = 5000
+    share_embeddings: bool = False
+    pre_norm: bool = False
+    fused: bool = True
+    attention_dropout: float = 0.0
+    relu_dropout: float = 0.0
+
+    def __post_init__(self):
+        for name in ("N", "d_model", "d_ff", "h", "max_len", "d_k", "d_v"):
+            value = getattr(self, name)
+            if value is None and name in ("d_k", "d_v"):
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if (self.d_k is None or self.d_v is None) and self.d_model % self.h:
+            raise ValueError(
+                f"d_model={self.d_model} is not divisible by h={self.h}: the paper uses "
+                f"d_k = d_v = d_model / h; pick an h that divides d_model or set d_k and d_v"
+            )
+        if self.d_model % 2:
+            raise ValueError(
+                f"d_model={self.d_model} must be even for the sinusoidal encoding (§3.5)"
+            )
+        for name in ("dropout", "attention_dropout", "relu_dropout"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be a probability in [0, 1), got {value!r}")
+
+
+BASE = ModelConfig()
+BIG = replace(BASE, d_model=1024, d_ff=4096, h=16, dropout=0.3)
+# small enough to train for a few minutes on two CPU cores
+SMALL = replace(BASE, N=2, d_model=256, d_ff=1024, h=4)
+
+
+def build_model(src_vocab, tgt_vocab, config=BASE):
+    """The full Transformer of Figure 1 from a ModelConfig; see make_model."""
+    for name, value in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab)):
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if config.share_embeddings and src_vocab != tgt_vocab:
+        raise ValueError(
+            f"share_embeddings=True ties both embeddings to one matrix, so it needs one "
+            f"shared vocabulary, but src_vocab={src_vocab} != tgt_vocab={tgt_vocab}; "
+            f"build a joint vocabulary (§5.1) or set share_embeddings=False"
+        )
+    c = config
+    attn = MultiHeadedAttention(c.h, c.d_model, c.attention_dropout, c.fused, c.d_k, c.d_v)
+    ff = PositionwiseFeedForward(c.d_model, c.d_ff, c.relu_dropout)
+    position = PositionalEncoding(c.d_model, c.dropout, c.max_len)
+    copied = copy.deepcopy
+    model = EncoderDecoder(
+        Encoder(EncoderLayer(c.d_model, copied(attn), copied(ff), c.dropout, c.pre_norm), c.N),
+        Decoder(
+            DecoderLayer(c.d_model, copied(attn), copied(attn), copied(ff), c.dropout, c.pre_norm),
+            c.N,
+        ),
+        nn.Sequential(Embeddings(c.d_model, src_vocab), copied(position)),
+        nn.Sequential(Embeddings(c.d_model, tgt_vocab), copied(position)),
+        Generator(c.d_model, tgt_vocab),
+    )
+    for p in model.parameters():
+        if p.dim() > 1:
+            nn.init.xavier_uniform_(p)
+    src_embedding = model.src_embed[0].embedding
+    for embedding in (src_embedding, model.tgt_embed[0].embedding):
+        # std d_model^-0.5, so that after the sqrt(d_model) of §3.4 embeddings have unit scale
+        nn.init.normal_(embedding.weight, std=c.d_model**-0.5)
+    if c.share_embeddings:
+        # §3.4: one matrix for both embeddings and the pre-softmax linear transformation
+        model.tgt_embed[0].embedding.weight = src_embedding.weight
+        model.generator.projection.weight = src_embedding.weight
+    model.config = c
+    return model
+
+
+def make_model(
+    src_vocab,
+    tgt_vocab,
+    N=6,
+    d_model=512,
+    d_ff=2048,
+    h=8,
+    dropout=0.1,
+    share_embeddings=False,
+    fused=True,
+    **options,
+):
+    """The Transformer with the familiar Annotated Transformer keywords. Other ModelConfig
+    fields (pre_norm, max_len, d_k, d_v, ...) go in **options."""
+    config = ModelConfig(
+        N=N,
+        d_model=d_model,
+        d_ff=d_ff,
+        h=h,
+        dropout=dropout,
+        share_embeddings=share_embeddings,
+        fused=fused,
+        **options,
+    )
+    return build_model(src_vocab, tgt_vocab, config)
+
+
+def use_fused_attention(model, fused=True):
+    """Switch every attention layer of `model` between the fused and reference paths."""
+    for module in model.modules():
+        if isinstance(module, MultiHeadedAttention):
+            module.fused = fused
+    return model
+
+
+def count_parameters(model):
+    """Number of distinct trainable parameters (a shared matrix counts once)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+# --------------------------------------------------------------------------------------
+# 5 Training, from chapters/05_training.ipynb
+# --------------------------------------------------------------------------------------
+
+import dataclasses
+import gzip
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tqdm import tqdm
+
+
+MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
+MULTI30K_SPLITS = {"train": "train", "val": "val", "test2016": "test_2016_flickr"}
+# SHA-256 of the gzip files as published; a download or local copy that differs is refused
+MULTI30K_SHA256 = {
+    "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
+    "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
+    "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
+    "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
+    "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
+    "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
+}
+
+
+class DatasetError(RuntimeError):
+    """A data file is missing, corrupt or cannot be downloaded; the message says what to do."""
+
+
+def sha256_of(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def default_cache_dir():
+    """Where downloads go: $XDG_CACHE_HOME (or ~/.cache)/annotated-transformer/multi30k."""
+    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+    return pathlib.Path(base) / "annotated-transformer" / "multi30k"
+
+
+def download(url, path, sha256):
+    """Fetch url to path, verified. The bytes land in a temporary file in the same folder
+    and are renamed into place only once their checksum matches, so an interrupted or
+    corrupt download is never mistaken for a good file."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(
+        dir=path.parent, prefix=path.name, suffix=".part", delete=False
+    ) as part:
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response:
+                shutil.copyfileobj(response, part)
+        except (urllib.error.URLError, OSError) as error:
+            os.unlink(part.name)
+            raise DatasetError(
+                f"could not download {url} ({error}); without network access, point the "
+                f"loader at a local copy: set MULTI30K_DIR or pass data_dir"
+            ) from error
+    actual = sha256_of(part.name)
+    if actual != sha256:
+        os.unlink(part.name)
+        raise DatasetError(
+            f"the download of {url} has SHA-256 {actual}, expected {sha256}; it was discarded. "
+            f"Try again, or use a verified local copy (MULTI30K_DIR or data_dir)"
+        )
+    os.replace(part.name, path)
+    return path
+
+
+def multi30k_file(filename, data_dir=None, base_url=MULTI30K_URL):
+    """The verified path of one Multi30k file: from data_dir (or $MULTI30K_DIR) when given,
+    otherwise from the cache, downloading it there first if needed."""
+    expected = MULTI30K_SHA256[filename]
+    local = data_dir or os.environ.get("MULTI30K_DIR")
+    if local:
+        path = pathlib.Path(local) / filename
+        if not path.is_file():
+            raise DatasetError(
+                f"{path} does not exist: the local Multi30k copy (data_dir or MULTI30K_DIR="
+                f"{local}) must hold {filename}; download it from {base_url}{filename}"
+            )
+        if sha256_of(path) != expected:
+            raise DatasetError(
+                f"{path} has the wrong SHA-256 (expected {expected}): the file is corrupt or "
+                f"not the published one; replace it with {base_url}{filename}"
+            )
+        return path
+    path = default_cache_dir() / filename
+    if path.is_file() and sha256_of(path) == expected:
+        return path
+    return download(base_url + filename, path, expected)
+
+
+def load_multi30k(split, src_lang="de", tgt_lang="en", data_dir=None, base_url=MULTI30K_URL):
+    """§5.1 on Multi30k: the aligned (source, target) sentence pairs of one split
+    (train: 29000, val: 1014, test2016: 1000), each file verified against its SHA-256."""
+    if split not in MULTI30K_SPLITS:
+        raise ValueError(f"split must be one of {sorted(MULTI30K_SPLITS)}, got {split!r}")
+    for name, lang in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
+        if lang not in ("de", "en"):
+            raise ValueError(f"{name} must be 'de' or 'en', got {lang!r}")
+    sides = []
+    for lang in (src_lang, tgt_lang):
+        path = multi30k_file(f"{MULTI30K_SPLITS[split]}.{lang}.gz", data_dir, base_url)
+        with gzip.open(path, "rt", encoding="utf-8") as file:
+            sides.append([line.rstrip("\n") for line in file])
+    if len(sides[0]) != len(sides[1]):
+        raise DatasetError(
+            f"{split}: {len(sides[0])} {src_lang} lines but {len(sides[1])} {tgt_lang} lines"
+        )
+    return list(zip(*sides))
+
+
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]  # ids 0, 1, 2, 3 in this order
+
+
+def train_bpe(pairs, vocab_size=8000, path=None):
+    """§5.1: one byte-pair encoding shared by source and target, learned from both sides of
+    the training pairs. Saved to `path` (JSON) when given. Same pairs, same vocabulary."""
+    if not isinstance(vocab_size, int) or vocab_size <= len(SPECIAL_TOKENS):
+        raise ValueError(
+            f"vocab_size must be an integer > {len(SPECIAL_TOKENS)}, got {vocab_size!r}"
+        )
+    tokenizer = Tokenizer(models.BPE(unk_token=UNK))
+    tokenizer.normalizer = normalizers.NFC()
+    # ▁ marks word starts, so decoding restores the spaces exactly; punctuation stays apart
+    # so that "Holz." and "Holz" share a token
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation(behavior="isolated")]
+    )
+    tokenizer.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False
+    )
+    tokenizer.train_from_iterator((sentence for pair in pairs for sentence in pair), trainer)
+    if path is not None:
+        tokenizer.save(str(path))
+    return tokenizer
+
+
+def load_tokenizer(path):
+    return Tokenizer.from_file(str(path))
+
+
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
+
+
+def encode_pairs(pairs, tokenizer):
+    """Sentence pairs -> (source ids, target ids) with </s> on the source and <s> ... </s>
+    around the target (the decoder's input is the target shifted right, §3.1)."""
+    sources = tokenizer.encode_batch([src for src, _ in pairs])
+    targets = tokenizer.encode_batch([tgt for _, tgt in pairs])
+    return [(s.ids + [EOS_ID], [BOS_ID] + t.ids + [EOS_ID]) for s, t in zip(sources, targets)]
+
+
+@dataclass
+class Batch:
+    """One training batch: source, the shifted target the decoder reads (tgt_in), the tokens
+    it must predict (tgt_y), both masks, and the number of real target tokens."""
+
+    src: torch.Tensor  # (batch, seq_src)
+    tgt_in: torch.Tensor  # (batch, seq_tgt): <s> y_1 ... y_{m-1}
+    tgt_y: torch.Tensor  # (batch, seq_tgt): y_1 ... y_m </s>
+    src_mask: torch.Tensor  # (batch, 1, seq_src)
+    tgt_mask: torch.Tensor  # (batch, seq_tgt, seq_tgt)
+    ntokens: int
+
+    @classmethod
+    def from_ids(cls, pairs, pad_id=PAD_ID):
+        """Pad a list of (source ids, target ids) into one Batch."""
+        src = nn.utils.rnn.pad_sequence(
+            [torch.tensor(s) for s, _ in pairs], batch_first=True, padding_value=pad_id
+        )
+        tgt = nn.utils.rnn.pad_sequence(
+            [torch.tensor(t) for _, t in pairs], batch_first=True, padding_value=pad_id
+        )
+        tgt_in, tgt_y = tgt[:, :-1], tgt[:, 1:]
+        return cls(
+            src,
+            tgt_in,
+            tgt_y,
+            padding_mask(src, pad_id),
+            target_mask(tgt_in, pad_id),
+            int((tgt_y != pad_id).sum()),
+        )
+
+    def to(self, device):
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return Batch(
+            **{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in fields.items()}
+        )
+
+
+def batch_by_tokens(lengths, max_tokens, seed=0, shuffle=True):
+    """§5.1: "Sentence pairs were batched together by approximate sequence length."
+    lengths: (source length, target length) per pair. Returns lists of pair indices whose
+    padded source and padded target each hold at most max_tokens tokens. Pairs are sorted
+    by length (ties broken at random by `seed`), cut greedily, and the batches shuffled."""
+    if max_tokens < max(max(s, t) for s, t in lengths):
+        raise ValueError(f"max_tokens={max_tokens} is smaller than the longest sentence")
+    generator = torch.Generator().manual_seed(seed)
+    jitter = torch.rand(len(lengths), generator=generator).tolist()
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i][0], lengths[i][1], jitter[i]))
+    batches, current, longest_src, longest_tgt = [], [], 0, 0
+    for i in order:
+        src_len, tgt_len = lengths[i]
+        grown_src, grown_tgt = max(longest_src, src_len), max(longest_tgt, tgt_len)
+        if current and (len(current) + 1) * max(grown_src, grown_tgt) > max_tokens:
+            batches.append(current)
+            current, grown_src, grown_tgt = [], src_len, tgt_len
+        current.append(i)
+        longest_src, longest_tgt = grown_src, grown_tgt
+    batches.append(current)
+    if shuffle:
+        batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+    return batches
+
+
+def padding_fraction(batches, lengths):
+    """Share of the padded (batch x longest) source+target cells that are padding."""
+    real = padded = 0
+    for batch in batches:
+        for side in (0, 1):
+            longest = max(lengths[i][side] for i in batch)
+            real += sum(lengths[i][side] for i in batch)
+            padded += longest * len(batch)
+    return 1 - real / padded
+
+
+def rate(step, model_size, factor=1.0, warmup=4000):
+    """Eq. (3): lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5), scaled by
+    `factor`; step 0 counts as step 1 (the formula is undefined at 0)."""
+    step = max(step, 1)
+    return factor * model_size**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+def make_optimizer(model, d_model, factor=1.0, warmup=4000):
+    """§5.3: Adam(β1 = 0.9, β2 = 0.98, ε = 1e-9) with the learning rate of Eq. (3).
+    The scheduler's k-th step (k = 0, 1, ...) sets the rate of update k + 1."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda k: rate(k + 1, d_model, factor, warmup)
+    )
+    return optimizer, scheduler
+
+
+class LabelSmoothing(nn.Module):
+    """§5.4: label smoothing of value `smoothing`. The target distribution puts
+    1 - smoothing on the correct token and spreads `smoothing` over the other tokens except
+    padding; padding positions (target == padding_idx) contribute nothing. forward(log-probs
+    (n, size), target (n,)) -> summed KL divergence to that distribution."""
+
+    def __init__(self, size, padding_idx, smoothing=0.0):
+        super().__init__()
+        if not 0.0 <= smoothing < 1.0:
+            raise ValueError(f"smoothing must be in [0, 1), got {smoothing!r}")
+        self.size, self.padding_idx, self.smoothing = size, padding_idx, smoothing
+
+    def target_distribution(self, target):
+        dist = torch.full(
+            (target.size(0), self.size), self.smoothing / (self.size - 2), device=target.device
+        )
+        dist.scatter_(1, target.unsqueeze(1), 1.0 - self.smoothing)
+        dist[:, self.padding_idx] = 0.0
+        return dist.masked_fill((target == self.padding_idx).unsqueeze(1), 0.0)
+
+    def forward(self, log_probs, target):
+        dist = self.target_distribution(target).to(log_probs.dtype)
+        return nn.functional.kl_div(log_probs, dist, reduction="sum")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a training run needs besides the data: the architecture (`model`) and
+    the recipe of §5. max_steps and checkpoint_every only say how long to run, so a run
+    may be resumed with a larger max_steps; every other field must match to resume."""
+
+    model: ModelConfig = replace(SMALL, share_embeddings=True)
+    vocab_size: int = 8000
+    max_tokens: int = 2000
+    warmup_steps: int = 4000
+    lr_factor: float = 1.0
+    smoothing: float = 0.1
+    seed: int = 0
+    max_steps: int = 1000
+    checkpoint_every: int = 500
+
+    def __post_init__(self):
+        for name in ("vocab_size", "max_tokens", "warmup_steps", "max_steps", "checkpoint_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.lr_factor <= 0:
+            raise ValueError(f"lr_factor must be positive, got {self.lr_factor!r}")
+        if not 0.0 <= self.smoothing < 1.0:
+            raise ValueError(f"smoothing must be in [0, 1), got {self.smoothing!r}")
+
+    def identity(self):
+        """The fields a checkpoint must agree on to be resumed."""
+        fields = dataclasses.asdict(self)
+        for name in ("max_steps", "checkpoint_every"):
+            fields.pop(name)
+        return fields
+
+
+PROFILES = {
+    # a 2-layer model that learns something from Multi30k in a few minutes on 2 CPU cores
+    "quick": TrainConfig(warmup_steps=200, lr_factor=1.0, max_steps=300, checkpoint_every=100),
+    # the paper's base model and recipe, with token batches sized for one GPU
+    "base": TrainConfig(
+        model=replace(BASE, share_embeddings=True),
+        max_tokens=8000,
+        warmup_steps=4000,
+        max_steps=20000,
+        checkpoint_every=1000,
+    ),
+}
+
+
+def run_step(model, criterion, batch, optimizer=None, scheduler=None):
+    """Loss per target token of one batch; with an optimizer, also one update (§5.3)."""
+    log_probs = model.generator(model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask))
+    loss = (
+        criterion(log_probs.reshape(-1, log_probs.size(-1)), batch.tgt_y.reshape(-1))
+        / batch.ntokens
+    )
+    if optimizer is not None:
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if scheduler is not None:
+            scheduler.step()
+    return loss.item()
+
+
+def save_checkpoint(path, payload):
+    """torch.save to a temporary file beside `path`, then an atomic rename: a crash while
+    writing leaves the previous checkpoint intact."""
+    path = pathlib.Path(path)
+    with tempfile.NamedTemporaryFile(
+        dir=path.parent, prefix=path.name, suffix=".tmp", delete=False
+    ) as tmp:
+        try:
+            torch.save(payload, tmp)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        except BaseException:
+            tmp.close()
+            os.unlink(tmp.name)
+            raise
+    os.replace(tmp.name, path)
+
+
+def load_checkpoint(path, config):
+    """Load a checkpoint written by `train` (tensors and plain data only), refusing one
+    written with a different configuration."""
+    if not pathlib.Path(path).is_file():
+        raise FileNotFoundError(f"no checkpoint at {path} to resume from; start without --resume")
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    saved, wanted = payload["config"], config.identity()
+    if saved != wanted:
+        differ = sorted(k for k in wanted if saved.get(k) != wanted[k])
+        raise ValueError(
+            f"{path} was written with a different configuration (fields {', '.join(differ)} "
+            f"differ); resume with the same settings or start a new run in another --out folder"
+        )
+    return payload
+
+
+def train(config, train_pairs, out_dir, device="cpu", resume=False, log=print, progress=False):
+    """§5: train on (source, target) sentence pairs, checkpointing to out_dir/checkpoint.pt
+    every config.checkpoint_every steps and at the end. resume=True continues from that
+    checkpoint exactly as if the run had not stopped. Returns the model and its history."""
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint_path, tokenizer_path = out / "checkpoint.pt", out / "tokenizer.json"
+    payload = load_checkpoint(checkpoint_path, config) if resume else None
+    if payload is not None:
+        tokenizer = load_tokenizer(tokenizer_path)
+    else:
+        tokenizer = train_bpe(train_pairs, config.vocab_size, tokenizer_path)
+    vocab = tokenizer.get_vocab_size()
+    data = encode_pairs(train_pairs, tokenizer)
+    lengths = [(len(s), len(t)) for s, t in data]
+
+    torch.manual_seed(config.seed)
+    model = build_model(vocab, vocab, config.model).to(device)
+    optimizer, scheduler = make_optimizer(
+        model, config.model.d_model, config.lr_factor, config.warmup_steps
+    )
+    criterion = LabelSmoothing(vocab, PAD_ID, config.smoothing)
+    step, epoch, position, history = 0, 0, 0, []
+    if payload is not None:
+        model.load_state_dict(payload["model"])
+        optimizer.load_state_dict(payload["optimizer"])
+        scheduler.load_state_dict(payload["scheduler"])
+        step, epoch, position = payload["step"], payload["epoch"], payload["position"]
+        history = payload["history"]
+        torch.set_rng_state(payload["rng"])
+        if device != "cpu" and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(payload["cuda_rng"])
+        log(f"resumed from {checkpoint_path} at step {step}")
+
+    def checkpoint():
+        save_checkpoint(
+            checkpoint_path,
+            {
+                "config": config.identity(),
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "step": step,
+                "epoch": epoch,
+                "position": position,
+                "history": history,
+                "rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+                "tokenizer": str(tokenizer_path),
+            },
+        )
+
+    model.train()
+    start = time.perf_counter()
+    bar = tqdm(total=config.max_steps, initial=step, unit="step", disable=not progress)
+    while step < config.max_steps:
+        # an epoch's order depends only on (seed, epoch), so a resumed run sees the same batches
+        batches = batch_by_tokens(lengths, config.max_tokens, seed=config.seed + epoch)
+        while position < len(batches) and step < config.max_steps:
+            batch = Batch.from_ids([data[i] for i in batches[position]]).to(device)
+            lr = optimizer.param_groups[0]["lr"]
+            loss = run_step(model, criterion, batch, optimizer, scheduler)
+            step, position = step + 1, position + 1
+            bar.update()
+            bar.set_postfix(loss=f"{loss:.3f}")
+            history.append(
+                {"step": step, "loss": round(loss, 5), "lr": lr, "tokens": batch.ntokens}
+            )
+            if step % config.checkpoint_every == 0 or step == config.max_steps:
+                checkpoint()
+                log(
+                    f"step {step}: loss {loss:.3f}, lr {lr:.2e}, "
+                    f"{time.perf_counter() - start:.0f} s, checkpoint written"
+                )
+        if position >= len(batches):
+            epoch, position = epoch + 1, 0
+    bar.close()
+    (out / "metrics.json").write_text(
+        json.dumps({"config": config.identity(), "history": history}, indent=1)
+    )
+    return model, tokenizer, history
+
+
+def greedy_decode(model, src, src_mask, max_len, start_symbol=BOS_ID, end_symbol=EOS_ID):
+    """Auto-regressive decoding (§3): feed the most probable token back in, one position at
+    a time, until every sentence has produced end_symbol or max_len tokens."""
+    memory = model.encode(src, src_mask)
+    ys = torch.full((src.size(0), 1), start_symbol, dtype=torch.long, device=src.device)
+    done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
+    for _ in range(max_len):
+        out = model.decode(memory, src_mask, ys, subsequent_mask(ys.size(1)).to(src.device))
+        next_token = model.generator(out[:, -1]).argmax(dim=-1)
+        next_token = next_token.masked_fill(done, PAD_ID)
+        ys = torch.cat([ys, next_token.unsqueeze(1)], dim=1)
+        done |= next_token == end_symbol
+        if done.all():
+            break
+    return ys
+
+
+def copy_task_pairs(n, vocab, length, generator):
+    """Synthetic pairs whose target is the source: random symbols from 4..vocab-1."""
+    data = torch.randint(4, vocab, (n, length), generator=generator).tolist()
+    return [(seq + [EOS_ID], [BOS_ID] + seq + [EOS_ID]) for seq in data]

@@ -1,0 +1,149 @@
+"""§5.1 data: Multi30k read from a local copy or downloaded, always verified by SHA-256,
+and a shared BPE vocabulary. No network: downloads are exercised with file:// addresses
+and an unreachable local port."""
+
+import gzip
+import os
+import pathlib
+import shutil
+
+import pytest
+
+import annotated_transformer as at
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+LOCAL_COPY = pathlib.Path(
+    os.environ.get("MULTI30K_DIR") or ROOT.parent / "shared" / "data" / "multi30k"
+)
+needs_data = pytest.mark.skipif(
+    not (LOCAL_COPY / "val.de.gz").is_file(),
+    reason=f"no local Multi30k copy at {LOCAL_COPY}; set MULTI30K_DIR",
+)
+UNREACHABLE = "http://127.0.0.1:9/"  # the discard port: connection refused, like no network
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    """No MULTI30K_DIR, and a cache of our own."""
+    monkeypatch.delenv("MULTI30K_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def copy_of_data(folder, corrupt=None):
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in at.MULTI30K_SHA256:
+        shutil.copy(LOCAL_COPY / name, folder / name)
+    if corrupt:
+        data = bytearray((folder / corrupt).read_bytes())
+        data[100] ^= 0xFF
+        (folder / corrupt).write_bytes(bytes(data))
+    return folder
+
+
+@needs_data
+def test_local_copy_gives_aligned_pairs_of_every_split(isolated):
+    sizes = {"train": 29000, "val": 1014, "test2016": 1000}
+    for split, size in sizes.items():
+        pairs = at.load_multi30k(split, data_dir=LOCAL_COPY)
+        assert len(pairs) == size and all(src and tgt for src, tgt in pairs)
+    de_en = at.load_multi30k("val", data_dir=LOCAL_COPY)
+    en_de = at.load_multi30k("val", "en", "de", data_dir=LOCAL_COPY)
+    assert de_en[0] == en_de[0][::-1]
+    with gzip.open(LOCAL_COPY / "val.en.gz", "rt", encoding="utf-8") as file:
+        assert de_en[0][1] == file.readline().rstrip("\n")
+
+
+@needs_data
+def test_environment_variable_points_at_the_local_copy(isolated, monkeypatch):
+    monkeypatch.setenv("MULTI30K_DIR", str(LOCAL_COPY))
+    assert len(at.load_multi30k("val", base_url=UNREACHABLE)) == 1014
+    assert not (isolated / "cache").exists()  # nothing downloaded
+
+
+def test_missing_local_file_says_what_to_set(isolated):
+    with pytest.raises(at.DatasetError, match=r"val\.de\.gz.*MULTI30K_DIR"):
+        at.load_multi30k("val", data_dir=isolated / "empty")
+
+
+@needs_data
+def test_corrupt_local_file_is_refused(isolated):
+    folder = copy_of_data(isolated / "copy", corrupt="val.en.gz")
+    with pytest.raises(at.DatasetError, match=r"val\.en\.gz has the wrong SHA-256"):
+        at.load_multi30k("val", data_dir=folder)
+
+
+@needs_data
+def test_download_is_verified_and_cached(isolated):
+    mirror = copy_of_data(isolated / "mirror")
+    pairs = at.load_multi30k("val", base_url=mirror.as_uri() + "/")
+    assert len(pairs) == 1014
+    cached = sorted(p.name for p in at.default_cache_dir().iterdir())
+    assert cached == ["val.de.gz", "val.en.gz"]
+    # a second call reads the verified cache and needs no network
+    assert at.load_multi30k("val", base_url=UNREACHABLE) == pairs
+
+
+@needs_data
+def test_corrupt_download_is_discarded(isolated):
+    mirror = copy_of_data(isolated / "mirror", corrupt="val.de.gz")
+    with pytest.raises(at.DatasetError, match="has SHA-256 .* expected .* discarded"):
+        at.load_multi30k("val", base_url=mirror.as_uri() + "/")
+    assert not any(at.default_cache_dir().iterdir())  # neither the file nor a .part
+
+
+def test_no_network_and_no_local_copy_says_what_to_set(isolated):
+    with pytest.raises(at.DatasetError, match="could not download .*set MULTI30K_DIR"):
+        at.load_multi30k("test2016", base_url=UNREACHABLE)
+    assert not any(at.default_cache_dir().iterdir())
+
+
+@needs_data
+def test_interrupted_download_leaves_nothing_behind(isolated, monkeypatch):
+    mirror = copy_of_data(isolated / "mirror")
+
+    def cut_off(source, target):
+        target.write(source.read(1000))
+        raise ConnectionResetError("connection lost")
+
+    monkeypatch.setattr(at.shutil, "copyfileobj", cut_off)
+    with pytest.raises(at.DatasetError, match="could not download"):
+        at.load_multi30k("val", base_url=mirror.as_uri() + "/")
+    assert not any(at.default_cache_dir().iterdir())
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="split must be one of"):
+        at.load_multi30k("dev")
+    with pytest.raises(ValueError, match="src_lang must be 'de' or 'en'"):
+        at.load_multi30k("val", src_lang="fr")
+
+
+# ---- BPE ---------------------------------------------------------------------------------
+
+PAIRS = [
+    ("Zwei junge weiße Männer sind im Freien.", "Two young, White males are outside."),
+    ("Ein kleines Mädchen klettert in ein Spielhaus.", "A little girl climbing into a playhouse."),
+    ("Ein Mann schläft auf einer Bank.", "A man sleeps on a bench."),
+] * 5
+
+
+def test_bpe_is_shared_deterministic_and_reversible(tmp_path):
+    path = tmp_path / "tokenizer.json"
+    tokenizer = at.train_bpe(PAIRS, vocab_size=120, path=path)
+    again = at.train_bpe(PAIRS, vocab_size=120)
+    assert tokenizer.to_str() == again.to_str()
+    reloaded = at.load_tokenizer(path)
+    assert [tokenizer.token_to_id(t) for t in at.SPECIAL_TOKENS] == [0, 1, 2, 3]
+    for src, tgt in PAIRS[:3]:
+        for sentence in (src, tgt):  # one vocabulary for both languages
+            ids = tokenizer.encode(sentence).ids
+            assert reloaded.encode(sentence).ids == ids
+            assert tokenizer.decode(ids) == sentence
+    unseen = tokenizer.encode("Zwei Mädchen schlafen.").ids
+    assert tokenizer.decode(unseen) == "Zwei Mädchen schlafen."
+
+
+def test_bpe_vocabulary_size_is_checked():
+    with pytest.raises(ValueError, match="vocab_size must be an integer > 4"):
+        at.train_bpe(PAIRS, vocab_size=3)
