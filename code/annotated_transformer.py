@@ -869,6 +869,11 @@ def train(config, train_pairs, out_dir, device="cpu", resume=False, log=print, p
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint_path, tokenizer_path = out / "checkpoint.pt", out / "tokenizer.json"
+    if not resume and checkpoint_path.exists():
+        raise FileExistsError(
+            f"{checkpoint_path} already exists; resume it (resume=True, --resume) or start "
+            f"the new run in another folder, so that the earlier run is not overwritten"
+        )
     payload = load_checkpoint(checkpoint_path, config) if resume else None
     if payload is not None:
         tokenizer = load_tokenizer(tokenizer_path)

@@ -124,7 +124,7 @@ def main(argv=None):
                 log=log,
                 progress=True,
             )
-        except (ValueError, FileNotFoundError) as error:
+        except (ValueError, FileNotFoundError, FileExistsError) as error:
             print(f"train.py: {error}", file=sys.stderr)
             return 2
     return 0

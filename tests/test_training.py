@@ -168,6 +168,14 @@ def test_resuming_with_another_configuration_is_refused(tmp_path):
         at.train(other, toy_pairs(), tmp_path, resume=True, log=quiet)
 
 
+def test_a_new_run_never_overwrites_an_earlier_one(tmp_path):
+    at.train(TINY, toy_pairs(), tmp_path, log=quiet)
+    before = (tmp_path / "checkpoint.pt").read_bytes()
+    with pytest.raises(FileExistsError, match="already exists; resume it"):
+        at.train(TINY, toy_pairs(seed=1), tmp_path, log=quiet)
+    assert (tmp_path / "checkpoint.pt").read_bytes() == before
+
+
 def test_resuming_without_a_checkpoint_says_so(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint at"):
         at.train(TINY, toy_pairs(), tmp_path, resume=True, log=quiet)
