@@ -1,0 +1,103 @@
+"""The built book as a reader's browser shows it: every page of _build/html opened in
+headless Chromium, offline. Equations must be typeset by the bundled MathJax (no raw TeX
+left), no page may show a traceback, and every internal link must lead to a file.
+
+Needs the built book (`jupyter-book build .`) and Debian's chromium; .ci/run provides both
+and sets REQUIRE_BROWSER_TESTS=1 so that, in CI, their absence is a failure, not a skip."""
+
+import html.parser
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import urllib.parse
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+HTML = ROOT / "_build" / "html"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+PAGES = sorted(HTML.glob("*.html")) + sorted(HTML.glob("chapters/*.html"))
+PAGES = [p for p in PAGES if p.name not in ("genindex.html", "search.html")]
+
+missing = [
+    why for why, absent in (("no built book", not PAGES), ("no chromium", not CHROMIUM)) if absent
+]
+if missing and os.environ.get("REQUIRE_BROWSER_TESTS"):
+    pytest.fail(f"browser tests required but: {', '.join(missing)}", pytrace=False)
+pytestmark = pytest.mark.skipif(bool(missing), reason=", ".join(missing) or "ready")
+
+
+def rendered_dom(page, profile):
+    command = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        "--virtual-time-budget=10000",
+        "--dump-dom",
+        page.as_uri(),
+    ]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+class _Text(html.parser.HTMLParser):
+    """Visible text, without scripts, styles and MathJax's own markup."""
+
+    def __init__(self):
+        super().__init__()
+        self.skip, self.parts, self.links = 0, [], []
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("script", "style", "mjx-container", "mjx-assistive-mml"):
+            self.skip += 1
+        if tag == "a":
+            self.links += [v for k, v in attrs if k == "href" and v]
+
+    def handle_endtag(self, tag):
+        if tag in ("script", "style", "mjx-container", "mjx-assistive-mml"):
+            self.skip -= 1
+
+    def handle_data(self, data):
+        if not self.skip:
+            self.parts.append(data)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(HTML)))
+def test_page_renders_offline(page, tmp_path):
+    dom = rendered_dom(page, tmp_path / "profile")
+    source = page.read_text()
+    parser = _Text()
+    parser.feed(dom)
+    text = "".join(parser.parts)
+
+    if 'class="math' in source:  # the page has equations: MathJax must have typeset them
+        assert "<mjx-container" in dom, "MathJax did not run (is it bundled?)"
+    for raw in ("$$", "\\begin{", "\\frac", "\\(", "\\["):
+        assert raw not in text, f"untypeset TeX {raw!r} visible on the page"
+    assert "Traceback (most recent call last)" not in text
+
+    for href in parser.links:
+        target = urllib.parse.urlparse(href)
+        if target.scheme or target.netloc or not target.path:
+            continue  # external links and same-page anchors
+        assert (page.parent / urllib.parse.unquote(target.path)).resolve().is_file(), href
+
+
+def test_every_chapter_has_a_page():
+    built = {p.stem for p in HTML.glob("chapters/*.html")}
+    sources = {p.stem for p in (ROOT / "chapters").glob("*.ipynb")}
+    sources |= {p.stem for p in (ROOT / "chapters").glob("*.md")}
+    assert sources <= built, f"not built: {sorted(sources - built)}"
+    figures = [
+        m
+        for p in HTML.glob("chapters/*.html")
+        for m in re.findall(r'<img[^>]+src="([^"]+\.png)"', p.read_text())
+    ]
+    assert figures and all((HTML / "chapters" / f).resolve().is_file() for f in figures)
