@@ -29,7 +29,10 @@ if missing and os.environ.get("REQUIRE_BROWSER_TESTS"):
 pytestmark = pytest.mark.skipif(bool(missing), reason=", ".join(missing) or "ready")
 
 
-def rendered_dom(page, profile):
+SCREENSHOTS = ROOT / "_build" / "screenshots"  # kept as build artefacts
+
+
+def chromium(page, profile, *output):
     command = [
         CHROMIUM,
         "--headless",
@@ -41,27 +44,30 @@ def rendered_dom(page, profile):
         "--no-first-run",
         f"--user-data-dir={profile}",
         "--virtual-time-budget=10000",
-        "--dump-dom",
+        *output,
         page.as_uri(),
     ]
     return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
 
 
+SKIPPED = ("script", "style", "pre", "code", "mjx-container", "mjx-assistive-mml")
+
+
 class _Text(html.parser.HTMLParser):
-    """Visible text, without scripts, styles and MathJax's own markup."""
+    """Visible prose: no scripts, styles, code blocks or MathJax's own markup."""
 
     def __init__(self):
         super().__init__()
         self.skip, self.parts, self.links = 0, [], []
 
     def handle_starttag(self, tag, attrs):
-        if tag in ("script", "style", "mjx-container", "mjx-assistive-mml"):
+        if tag in SKIPPED:
             self.skip += 1
         if tag == "a":
             self.links += [v for k, v in attrs if k == "href" and v]
 
     def handle_endtag(self, tag):
-        if tag in ("script", "style", "mjx-container", "mjx-assistive-mml"):
+        if tag in SKIPPED:
             self.skip -= 1
 
     def handle_data(self, data):
@@ -71,7 +77,7 @@ class _Text(html.parser.HTMLParser):
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(HTML)))
 def test_page_renders_offline(page, tmp_path):
-    dom = rendered_dom(page, tmp_path / "profile")
+    dom = chromium(page, tmp_path / "profile", "--dump-dom")
     source = page.read_text()
     parser = _Text()
     parser.feed(dom)
@@ -88,6 +94,11 @@ def test_page_renders_offline(page, tmp_path):
         if target.scheme or target.netloc or not target.path:
             continue  # external links and same-page anchors
         assert (page.parent / urllib.parse.unquote(target.path)).resolve().is_file(), href
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    shot = SCREENSHOTS / f"{page.relative_to(HTML).as_posix().replace('/', '_')[:-5]}.png"
+    chromium(page, tmp_path / "profile-2", "--window-size=1300,1800", f"--screenshot={shot}")
+    assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
 
 
 def test_every_chapter_has_a_page():

@@ -280,3 +280,26 @@ def test_half_precision_masking_neither_overflows_nor_gives_nan():
     output, weights = at.attention(query, key, value, mask)
     assert torch.isfinite(output).all() and torch.isfinite(weights).all()
     assert (weights.float().sum(-1) - 1).abs().max() < 1e-2
+
+
+# ---- feed-forward network, embeddings and generator -------------------------------------
+
+
+def test_feed_forward_is_equation_2_at_every_position():
+    ffn = at.PositionwiseFeedForward(d_model=8, d_ff=32).eval()
+    x = torch.randn(2, 5, 8)
+    expected = torch.relu(x @ ffn.w_1.weight.T + ffn.w_1.bias) @ ffn.w_2.weight.T + ffn.w_2.bias
+    torch.testing.assert_close(ffn(x), expected)
+    changed = x.clone()
+    changed[:, 2] += 1.0
+    moved = (ffn(changed) - ffn(x)).abs().amax(dim=(0, 2))
+    assert moved.nonzero().flatten().tolist() == [2]  # positions never mix
+
+
+def test_embeddings_are_scaled_and_generator_gives_log_probabilities():
+    embed, generator = at.Embeddings(16, 50), at.Generator(16, 50)
+    tokens = torch.tensor([[3, 7, 49]])
+    torch.testing.assert_close(embed(tokens), embed.embedding.weight[tokens] * 4.0)  # sqrt(16)
+    log_probs = generator(torch.randn(1, 3, 16))
+    torch.testing.assert_close(log_probs.exp().sum(-1), torch.ones(1, 3))
+    assert generator.projection.bias is None  # so that it can be the embedding matrix
