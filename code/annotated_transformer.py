@@ -208,13 +208,22 @@ class MultiHeadedAttention(nn.Module):
         self.weights = None
 
     def forward(self, query, key, value, mask=None):
+        query = self.split_heads(self.w_q(query), self.d_k)
+        key = self.split_heads(self.w_k(key), self.d_k)
+        value = self.split_heads(self.w_v(value), self.d_v)
+        return self.attend(query, key, value, mask)
+
+    def split_heads(self, x, d):
+        """(batch, seq, h * d) -> (batch, h, seq, d): the h projections side by side."""
+        return x.view(x.size(0), -1, self.h, d).transpose(1, 2)
+
+    def attend(self, query, key, value, mask=None):
+        """Eq. (1) on every head, then Concat and W^O. query (batch, h, seq_q, d_k), key
+        (batch, h, seq_k, d_k), value (batch, h, seq_k, d_v) -> (batch, seq_q, d_model).
+        The decoder's key/value cache (§6.1) calls this with keys and values it kept."""
         batch = query.size(0)
         if mask is not None:
             mask = mask.unsqueeze(1)  # one mask for all heads: (batch, 1, seq_q or 1, seq_k)
-        # (batch, seq, h * d_k) -> (batch, h, seq, d_k)
-        query = self.w_q(query).view(batch, -1, self.h, self.d_k).transpose(1, 2)
-        key = self.w_k(key).view(batch, -1, self.h, self.d_k).transpose(1, 2)
-        value = self.w_v(value).view(batch, -1, self.h, self.d_v).transpose(1, 2)
         if self.fused:
             x = F.scaled_dot_product_attention(
                 query,
@@ -337,14 +346,44 @@ class PositionalEncoding(nn.Module):
     def max_len(self):
         return self.table.size(0)
 
-    def forward(self, x):
+    def forward(self, x, offset=0):
+        # offset: the position of x's first row, so that a decoder fed one token at a
+        # time (§6.1, with a key/value cache) adds the encoding of that token's position
         seq = x.size(1)
-        if seq > self.max_len:
+        if offset + seq > self.max_len:
             raise ValueError(
-                f"sequence of length {seq} is longer than the positional table "
+                f"sequence of length {offset + seq} is longer than the positional table "
                 f"(max_len={self.max_len}); build the model with a larger max_len"
             )
-        return self.dropout(x + self.table[:seq])
+        return self.dropout(x + self.table[offset : offset + seq])
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """Table 3 row (E): a trained (max_len, d_model) table instead of the sinusoids, added to
+    the embeddings, then dropout. (batch, seq, d_model) -> same shape."""
+
+    def __init__(self, d_model, dropout, max_len=5000):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.table = nn.Parameter(torch.empty(max_len, d_model))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        # the root-mean-square of the sinusoids' components, so neither term swamps the other
+        nn.init.normal_(self.table, std=2**-0.5)
+
+    @property
+    def max_len(self):
+        return self.table.size(0)
+
+    def forward(self, x, offset=0):
+        seq = x.size(1)
+        if offset + seq > self.max_len:
+            raise ValueError(
+                f"sequence of length {offset + seq} is longer than the learned table "
+                f"(max_len={self.max_len}); build the model with a larger max_len"
+            )
+        return self.dropout(x + self.table[offset : offset + seq])
 
 
 # --------------------------------------------------------------------------------------
@@ -355,8 +394,9 @@ class PositionalEncoding(nn.Module):
 class ModelConfig:
     """The architecture's hyperparameters, named as in Table 3; defaults are the base model.
 
-    d_k and d_v default to d_model / h. attention_dropout and relu_dropout are not in the
-    paper (which drops only sub-layer outputs and embeddings, §5.4) and default to 0."""
+    d_k and d_v default to d_model / h. positions is "sinusoidal" (§3.5) or "learned"
+    (Table 3 row E). attention_dropout and relu_dropout are not in the paper (which drops
+    only sub-layer outputs and embeddings, §5.4) and default to 0."""
 
     N: int = 6
     d_model: int = 512
@@ -369,6 +409,7 @@ class ModelConfig:
     share_embeddings: bool = False
     pre_norm: bool = False
     fused: bool = True
+    positions: str = "sinusoidal"
     attention_dropout: float = 0.0
     relu_dropout: float = 0.0
 
@@ -387,6 +428,11 @@ class ModelConfig:
         if self.d_model % 2:
             raise ValueError(
                 f"d_model={self.d_model} must be even for the sinusoidal encoding (§3.5)"
+            )
+        if self.positions not in ("sinusoidal", "learned"):
+            raise ValueError(
+                f"positions must be 'sinusoidal' (§3.5) or 'learned' (Table 3 row E), "
+                f"got {self.positions!r}"
             )
         for name in ("dropout", "attention_dropout", "relu_dropout"):
             value = getattr(self, name)
@@ -414,7 +460,8 @@ def build_model(src_vocab, tgt_vocab, config=BASE):
     c = config
     attn = MultiHeadedAttention(c.h, c.d_model, c.attention_dropout, c.fused, c.d_k, c.d_v)
     ff = PositionwiseFeedForward(c.d_model, c.d_ff, c.relu_dropout)
-    position = PositionalEncoding(c.d_model, c.dropout, c.max_len)
+    encoding = PositionalEncoding if c.positions == "sinusoidal" else LearnedPositionalEmbedding
+    position = encoding(c.d_model, c.dropout, c.max_len)
     copied = copy.deepcopy
     model = EncoderDecoder(
         Encoder(EncoderLayer(c.d_model, copied(attn), copied(ff), c.dropout, c.pre_norm), c.N),
@@ -433,6 +480,9 @@ def build_model(src_vocab, tgt_vocab, config=BASE):
     for embedding in (src_embedding, model.tgt_embed[0].embedding):
         # std d_model^-0.5, so that after the sqrt(d_model) of §3.4 embeddings have unit scale
         nn.init.normal_(embedding.weight, std=c.d_model**-0.5)
+    for module in model.modules():
+        if isinstance(module, LearnedPositionalEmbedding):
+            module.reset_parameters()  # undo the Xavier init above, which is sized for weights
     if c.share_embeddings:
         # §3.4: one matrix for both embeddings and the pre-softmax linear transformation
         model.tgt_embed[0].embedding.weight = src_embedding.weight
@@ -767,8 +817,9 @@ class LabelSmoothing(nn.Module):
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything a training run needs besides the data: the architecture (`model`) and
-    the recipe of §5. max_steps and checkpoint_every only say how long to run, so a run
-    may be resumed with a larger max_steps; every other field must match to resume."""
+    the recipe of §5. max_steps, checkpoint_every and keep_checkpoints (how many of the
+    latest weight snapshots to keep for averaging, §6.1) only say how long to run and what
+    to keep, so a run may be resumed with a larger max_steps; every other field must match."""
 
     model: ModelConfig = replace(SMALL, share_embeddings=True)
     vocab_size: int = 8000
@@ -779,9 +830,17 @@ class TrainConfig:
     seed: int = 0
     max_steps: int = 1000
     checkpoint_every: int = 500
+    keep_checkpoints: int = 5
 
     def __post_init__(self):
-        for name in ("vocab_size", "max_tokens", "warmup_steps", "max_steps", "checkpoint_every"):
+        for name in (
+            "vocab_size",
+            "max_tokens",
+            "warmup_steps",
+            "max_steps",
+            "checkpoint_every",
+            "keep_checkpoints",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -793,7 +852,7 @@ class TrainConfig:
     def identity(self):
         """The fields a checkpoint must agree on to be resumed."""
         fields = dataclasses.asdict(self)
-        for name in ("max_steps", "checkpoint_every"):
+        for name in ("max_steps", "checkpoint_every", "keep_checkpoints"):
             fields.pop(name)
         return fields
 
@@ -812,20 +871,31 @@ PROFILES = {
 }
 
 
-def run_step(model, criterion, batch, optimizer=None, scheduler=None):
-    """Loss per target token of one batch; with an optimizer, also one update (§5.3)."""
-    log_probs = model.generator(model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask))
-    loss = (
-        criterion(log_probs.reshape(-1, log_probs.size(-1)), batch.tgt_y.reshape(-1))
-        / batch.ntokens
-    )
+def unwrap(model):
+    """The EncoderDecoder inside a DistributedDataParallel or torch.compile wrapper."""
+    while hasattr(model, "module") or hasattr(model, "_orig_mod"):
+        model = model.module if hasattr(model, "module") else model._orig_mod
+    return model
+
+
+def run_step(model, criterion, batch, optimizer=None, scheduler=None, amp=None, ntokens=None):
+    """Loss per target token of one batch; with an optimizer, also one update (§5.3).
+
+    amp="bf16" runs the forward pass under bfloat16 autocast. ntokens is the number of
+    target tokens the update averages over: the batch's own by default; under
+    DistributedDataParallel, all ranks' tokens divided by the number of ranks, because DDP
+    averages the ranks' gradients."""
+    with torch.autocast(batch.src.device.type, torch.bfloat16, enabled=amp == "bf16"):
+        states = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
+        log_probs = unwrap(model).generator(states)
+    total = criterion(log_probs.reshape(-1, log_probs.size(-1)).float(), batch.tgt_y.reshape(-1))
     if optimizer is not None:
-        loss.backward()
+        (total / (ntokens or batch.ntokens)).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if scheduler is not None:
             scheduler.step()
-    return loss.item()
+    return total.item() / batch.ntokens
 
 
 def save_checkpoint(path, payload):
@@ -846,9 +916,9 @@ def save_checkpoint(path, payload):
     os.replace(tmp.name, path)
 
 
-def load_checkpoint(path, config):
-    """Load a checkpoint written by `train` (tensors and plain data only), refusing one
-    written with a different configuration."""
+def load_training_state(path, config):
+    """Load the checkpoint of a run to resume it (tensors and plain data only), refusing
+    one written with a different configuration."""
     if not pathlib.Path(path).is_file():
         raise FileNotFoundError(f"no checkpoint at {path} to resume from; start without --resume")
     payload = torch.load(path, map_location="cpu", weights_only=True)
@@ -862,23 +932,56 @@ def load_checkpoint(path, config):
     return payload
 
 
-def train(config, train_pairs, out_dir, device="cpu", resume=False, log=print, progress=False):
-    """§5: train on (source, target) sentence pairs, checkpointing to out_dir/checkpoint.pt
-    every config.checkpoint_every steps and at the end. resume=True continues from that
-    checkpoint exactly as if the run had not stopped. Returns the model and its history."""
+def snapshot_paths(out_dir):
+    """The weight snapshots of a run, oldest first: out_dir/checkpoint-<step>.pt."""
+    return sorted(pathlib.Path(out_dir).glob("checkpoint-*.pt"))
+
+
+def distributed_rank_and_size():
+    """(rank, world size) under torchrun's process group, (0, 1) in a single process."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def train(
+    config,
+    train_pairs,
+    out_dir,
+    device="cpu",
+    resume=False,
+    log=print,
+    progress=False,
+    amp=None,
+    compile=False,
+):
+    """§5: train on (source, target) sentence pairs. Every config.checkpoint_every steps and
+    at the end, writes out_dir/checkpoint.pt (all the state needed to resume) and a weight
+    snapshot out_dir/checkpoint-<step>.pt (the last config.keep_checkpoints are kept, for
+    averaging). resume=True continues from checkpoint.pt exactly as if the run had not
+    stopped. amp="bf16" trains under bfloat16 autocast; compile=True uses torch.compile.
+
+    Under torchrun (a process group initialised, as code/train.py does), the model is
+    wrapped in DistributedDataParallel, each rank takes its own share of every epoch's token
+    batches, and only rank 0 writes files and logs. Returns the model, the tokenizer and
+    the history of the run."""
+    rank, world = distributed_rank_and_size()
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint_path, tokenizer_path = out / "checkpoint.pt", out / "tokenizer.json"
+    if amp not in (None, "bf16"):
+        raise ValueError(f"amp must be None or 'bf16', got {amp!r}")
     if not resume and checkpoint_path.exists():
         raise FileExistsError(
             f"{checkpoint_path} already exists; resume it (resume=True, --resume) or start "
             f"the new run in another folder, so that the earlier run is not overwritten"
         )
-    payload = load_checkpoint(checkpoint_path, config) if resume else None
-    if payload is not None:
-        tokenizer = load_tokenizer(tokenizer_path)
-    else:
-        tokenizer = train_bpe(train_pairs, config.vocab_size, tokenizer_path)
+    payload = load_training_state(checkpoint_path, config) if resume else None
+    if payload is None and rank == 0:
+        train_bpe(train_pairs, config.vocab_size, tokenizer_path)
+    if world > 1:
+        torch.distributed.barrier()  # rank 0's vocabulary is on disk for every rank
+    tokenizer = load_tokenizer(tokenizer_path)
     vocab = tokenizer.get_vocab_size()
     data = encode_pairs(train_pairs, tokenizer)
     lengths = [(len(s), len(t)) for s, t in data]
@@ -899,75 +1002,406 @@ def train(config, train_pairs, out_dir, device="cpu", resume=False, log=print, p
         torch.set_rng_state(payload["rng"])
         if device != "cpu" and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(payload["cuda_rng"])
-        log(f"resumed from {checkpoint_path} at step {step}")
+        if rank == 0:
+            log(f"resumed from {checkpoint_path} at step {step}")
+    runner = model
+    if world > 1:
+        # the same seed gave every rank the same initial weights; DDP also broadcasts rank 0's
+        runner = torch.nn.parallel.DistributedDataParallel(model)
+    if compile:
+        runner = torch.compile(runner)
 
     def checkpoint():
+        weights = {"config": config.identity(), "tokenizer": tokenizer.to_str(), "step": step}
+        save_checkpoint(out / f"checkpoint-{step:07d}.pt", {**weights, "model": model.state_dict()})
+        for old in snapshot_paths(out)[: -config.keep_checkpoints]:
+            old.unlink()
         save_checkpoint(
             checkpoint_path,
             {
-                "config": config.identity(),
+                **weights,
                 "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(),
-                "step": step,
                 "epoch": epoch,
                 "position": position,
                 "history": history,
                 "rng": torch.get_rng_state(),
                 "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-                "tokenizer": str(tokenizer_path),
             },
         )
 
     model.train()
     start = time.perf_counter()
-    bar = tqdm(total=config.max_steps, initial=step, unit="step", disable=not progress)
+    bar = tqdm(total=config.max_steps, initial=step, unit="step", disable=not progress or rank > 0)
     while step < config.max_steps:
-        # an epoch's order depends only on (seed, epoch), so a resumed run sees the same batches
+        # an epoch's order depends only on (seed, epoch), so a resumed run sees the same
+        # batches; rank r of `world` takes batches r, r + world, ... so the ranks never overlap
         batches = batch_by_tokens(lengths, config.max_tokens, seed=config.seed + epoch)
-        while position < len(batches) and step < config.max_steps:
-            batch = Batch.from_ids([data[i] for i in batches[position]]).to(device)
+        while (position + 1) * world <= len(batches) and step < config.max_steps:
+            batch = Batch.from_ids([data[i] for i in batches[position * world + rank]]).to(device)
+            ntokens = None
+            if world > 1:
+                count = torch.tensor(float(batch.ntokens), device=device)
+                torch.distributed.all_reduce(count)
+                ntokens = count.item() / world
             lr = optimizer.param_groups[0]["lr"]
-            loss = run_step(model, criterion, batch, optimizer, scheduler)
+            loss = run_step(runner, criterion, batch, optimizer, scheduler, amp, ntokens)
             step, position = step + 1, position + 1
             bar.update()
             bar.set_postfix(loss=f"{loss:.3f}")
             history.append(
                 {"step": step, "loss": round(loss, 5), "lr": lr, "tokens": batch.ntokens}
             )
-            if step % config.checkpoint_every == 0 or step == config.max_steps:
+            if rank == 0 and (step % config.checkpoint_every == 0 or step == config.max_steps):
                 checkpoint()
                 log(
                     f"step {step}: loss {loss:.3f}, lr {lr:.2e}, "
                     f"{time.perf_counter() - start:.0f} s, checkpoint written"
                 )
-        if position >= len(batches):
+        if (position + 1) * world > len(batches):
             epoch, position = epoch + 1, 0
     bar.close()
-    (out / "metrics.json").write_text(
-        json.dumps({"config": config.identity(), "history": history}, indent=1)
-    )
+    if rank == 0:
+        (out / "metrics.json").write_text(
+            json.dumps({"config": config.identity(), "history": history}, indent=1)
+        )
     return model, tokenizer, history
-
-
-def greedy_decode(model, src, src_mask, max_len, start_symbol=BOS_ID, end_symbol=EOS_ID):
-    """Auto-regressive decoding (§3): feed the most probable token back in, one position at
-    a time, until every sentence has produced end_symbol or max_len tokens."""
-    memory = model.encode(src, src_mask)
-    ys = torch.full((src.size(0), 1), start_symbol, dtype=torch.long, device=src.device)
-    done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
-    for _ in range(max_len):
-        out = model.decode(memory, src_mask, ys, subsequent_mask(ys.size(1)).to(src.device))
-        next_token = model.generator(out[:, -1]).argmax(dim=-1)
-        next_token = next_token.masked_fill(done, PAD_ID)
-        ys = torch.cat([ys, next_token.unsqueeze(1)], dim=1)
-        done |= next_token == end_symbol
-        if done.all():
-            break
-    return ys
 
 
 def copy_task_pairs(n, vocab, length, generator):
     """Synthetic pairs whose target is the source: random symbols from 4..vocab-1."""
     data = torch.randint(4, vocab, (n, length), generator=generator).tolist()
     return [(seq + [EOS_ID], [BOS_ID] + seq + [EOS_ID]) for seq in data]
+
+
+# --------------------------------------------------------------------------------------
+# 6.1 Machine Translation, from chapters/06_1_machine_translation.ipynb
+# --------------------------------------------------------------------------------------
+
+import functools
+import platform
+
+import sacrebleu
+
+
+class KeyValueCache:
+    """§6.1 (ours): what the decoder has already computed, so that each new token costs one
+    position. For every decoder layer, the keys and values of masked self-attention at all
+    earlier positions (they never change: position i only sees positions <= i), and the
+    keys and values of encoder-decoder attention, computed once from the memory.
+    Tensors are (batch, h, seq, d_k or d_v); row b of every tensor belongs to sentence b."""
+
+    def __init__(self, model, memory):
+        self.length = 0
+        layers = model.decoder.layers
+        self.keys, self.values = [None] * len(layers), [None] * len(layers)
+        self.memory_keys = [
+            layer.src_attn.split_heads(layer.src_attn.w_k(memory), layer.src_attn.d_k)
+            for layer in layers
+        ]
+        self.memory_values = [
+            layer.src_attn.split_heads(layer.src_attn.w_v(memory), layer.src_attn.d_v)
+            for layer in layers
+        ]
+
+    def extend(self, i, key, value):
+        """Append one position's key and value for layer i; return all of them so far."""
+        if self.keys[i] is None:
+            self.keys[i], self.values[i] = key, value
+        else:
+            self.keys[i] = torch.cat([self.keys[i], key], dim=2)
+            self.values[i] = torch.cat([self.values[i], value], dim=2)
+        return self.keys[i], self.values[i]
+
+    def reorder(self, rows):
+        """Keep row rows[j] in place j: beam search continues some hypotheses twice, others not."""
+        for tensors in (self.keys, self.values, self.memory_keys, self.memory_values):
+            for i, tensor in enumerate(tensors):
+                if tensor is not None:
+                    tensors[i] = tensor.index_select(0, rows)
+
+
+def cached_self_attention(attn, cache, i, x):
+    """Masked self-attention of one new position x (batch, 1, d_model) over all positions so
+    far. No mask is needed: the new position may attend to every earlier one and itself."""
+    keys, values = cache.extend(
+        i, attn.split_heads(attn.w_k(x), attn.d_k), attn.split_heads(attn.w_v(x), attn.d_v)
+    )
+    return attn.attend(attn.split_heads(attn.w_q(x), attn.d_k), keys, values)
+
+
+def cached_source_attention(attn, cache, i, src_mask, x):
+    """Encoder-decoder attention of x (batch, 1, d_model) over the cached memory projections."""
+    query = attn.split_heads(attn.w_q(x), attn.d_k)
+    return attn.attend(query, cache.memory_keys[i], cache.memory_values[i], src_mask)
+
+
+def decode_step(model, src_mask, tokens, cache):
+    """Feed one token per sentence, tokens (batch, 1), at position cache.length through the
+    decoder, updating the cache; returns the next token's log-probabilities (batch, vocab).
+    The same layers and weights as EncoderDecoder.decode, one position at a time."""
+    embed, position = model.tgt_embed
+    x = position(embed(tokens), offset=cache.length)
+    for i, layer in enumerate(model.decoder.layers):
+        # partial, not lambda: binds this layer's i now (a lambda would see the loop's last)
+        x = layer.sublayer[0](
+            x, functools.partial(cached_self_attention, layer.self_attn, cache, i)
+        )
+        x = layer.sublayer[1](
+            x, functools.partial(cached_source_attention, layer.src_attn, cache, i, src_mask)
+        )
+        x = layer.sublayer[2](x, layer.feed_forward)
+    cache.length += 1
+    return model.generator(model.decoder.norm(x)[:, -1])
+
+
+def output_limits(src_mask, max_len=None):
+    """The most tokens each sentence may produce: max_len, or by default the paper's
+    "input length + 50" (§6.1), counting the source's real (unpadded) tokens."""
+    if max_len is None:
+        return src_mask.reshape(src_mask.size(0), -1).sum(-1) + 50
+    if not isinstance(max_len, int) or max_len <= 0:
+        raise ValueError(f"max_len must be a positive integer or None, got {max_len!r}")
+    return torch.full((src_mask.size(0),), max_len, device=src_mask.device)
+
+
+def next_log_probs(model, memory, src_mask, ys, cache):
+    """Log-probabilities of the token after ys (batch, t): with a cache, one decode_step on
+    ys' last token; without, the whole prefix through the decoder again."""
+    if cache is not None:
+        return decode_step(model, src_mask, ys[:, -1:], cache)
+    out = model.decode(memory, src_mask, ys, subsequent_mask(ys.size(1)).to(ys.device))
+    return model.generator(out[:, -1])
+
+
+def greedy_decode(
+    model, src, src_mask, max_len=None, start_symbol=BOS_ID, end_symbol=EOS_ID, cache=True
+):
+    """Auto-regressive decoding (§3): append the most probable next token, one position at a
+    time, until every sentence has produced end_symbol or its length limit (output_limits).
+    src (batch, seq), src_mask (batch, 1, seq) -> (batch, 1 + produced) ids that start with
+    start_symbol; after a sentence ends, its row is padded with PAD_ID. cache=False
+    recomputes the whole prefix at every step (the reference path)."""
+    limits = output_limits(src_mask, max_len)
+    memory = model.encode(src, src_mask)
+    ys = torch.full((src.size(0), 1), start_symbol, dtype=torch.long, device=src.device)
+    done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
+    kv = KeyValueCache(model, memory) if cache else None
+    for t in range(int(limits.max())):
+        next_token = next_log_probs(model, memory, src_mask, ys, kv).argmax(dim=-1)
+        next_token = next_token.masked_fill(done, PAD_ID)
+        ys = torch.cat([ys, next_token.unsqueeze(1)], dim=1)
+        done |= (next_token == end_symbol) | (t + 1 >= limits)
+        if done.all():
+            break
+    return ys
+
+
+def hardware_description(device="cpu"):
+    """One line naming the machine a result came from: GPU name, or CPU model and threads."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+    model_name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as file:
+            model_name = next(
+                line.split(":", 1)[1].strip() for line in file if "model name" in line
+            )
+    except (OSError, StopIteration):
+        pass
+    return f"{model_name}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def length_penalty(length, alpha):
+    """The length penalty of Wu et al. (2016), which §6.1 uses with alpha = 0.6:
+    lp(Y) = ((5 + |Y|) / (5 + 1))^alpha. Hypotheses are ranked by log P(Y) / lp(Y)."""
+    return ((5 + length) / 6) ** alpha
+
+
+def beam_search(
+    model,
+    src,
+    src_mask,
+    max_len=None,
+    start_symbol=BOS_ID,
+    end_symbol=EOS_ID,
+    beam_size=4,
+    alpha=0.6,
+    cache=True,
+):
+    """§6.1: beam search with beam_size hypotheses per sentence and length penalty alpha,
+    batched over sentences; each sentence stops when no live hypothesis can still beat its
+    best finished one (or at its length limit, output_limits). Same inputs and output
+    format as greedy_decode: (batch, 1 + length) ids, start_symbol first, PAD_ID after the
+    end. Row b * beam_size + j of the internal tensors is hypothesis j of sentence b."""
+    if not isinstance(beam_size, int) or beam_size <= 0:
+        raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
+    batch, k, device = src.size(0), beam_size, src.device
+    limits = output_limits(src_mask, max_len).tolist()
+    memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)
+    src_mask = src_mask.repeat_interleave(k, dim=0)
+    kv = KeyValueCache(model, memory) if cache else None
+    ys = torch.full((batch * k, 1), start_symbol, dtype=torch.long, device=device)
+    # all k hypotheses start as the same empty prefix: keep only one of them alive at first
+    scores = torch.full((batch, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0
+    finished = [[] for _ in range(batch)]  # (log P / lp, tokens) of ended hypotheses
+    done = [False] * batch
+    for t in range(max(limits)):
+        length = t + 1  # tokens in a hypothesis after this step, end_symbol included
+        log_probs = next_log_probs(model, memory, src_mask, ys, kv).float()
+        vocab = log_probs.size(-1)
+        candidates = (scores.unsqueeze(-1) + log_probs.view(batch, k, vocab)).view(batch, -1)
+        # 2k candidates: even if k of them end here, k others can go on
+        top_scores, top_index = candidates.topk(min(2 * k, candidates.size(-1)), dim=-1)
+        new_scores = torch.full((batch, k), float("-inf"), device=device)
+        new_rows = torch.arange(batch, device=device).repeat_interleave(k) * k
+        new_tokens = torch.full((batch, k), PAD_ID, dtype=torch.long, device=device)
+        prefixes = ys[:, 1:].tolist()
+        for b in range(batch):
+            if done[b]:
+                continue
+            alive = 0
+            for score, index in zip(top_scores[b].tolist(), top_index[b].tolist()):
+                if score == float("-inf") or alive == k:
+                    break
+                row, token = b * k + index // vocab, index % vocab
+                if token == end_symbol or length >= limits[b]:
+                    hypothesis = prefixes[row] + [token]
+                    finished[b].append((score / length_penalty(length, alpha), hypothesis))
+                else:
+                    new_scores[b, alive], new_tokens[b, alive] = score, token
+                    new_rows[b * k + alive] = row
+                    alive += 1
+            # log P only falls as a hypothesis grows, and lp is largest at the length limit:
+            # no live hypothesis can end above best_alive / lp(limit)
+            best_finished = max((s for s, _ in finished[b]), default=float("-inf"))
+            bound = new_scores[b, 0].item() / length_penalty(limits[b], alpha)
+            done[b] = alive == 0 or best_finished >= bound
+        if all(done):
+            break
+        ys = torch.cat([ys[new_rows], new_tokens.view(-1, 1)], dim=1)
+        scores = new_scores
+        if kv is not None:
+            kv.reorder(new_rows)
+    best = [max(hypotheses)[1] if hypotheses else [] for hypotheses in finished]
+    out = torch.full((batch, 1 + max(map(len, best))), PAD_ID, dtype=torch.long, device=device)
+    out[:, 0] = start_symbol
+    for b, tokens in enumerate(best):
+        out[b, 1 : 1 + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+    return out
+
+
+def load_checkpoint(path, device="cpu"):
+    """A trained model, in evaluation mode on `device`, and its tokenizer, from any
+    checkpoint `train` wrote (checkpoint.pt or a snapshot checkpoint-<step>.pt) or from
+    average_checkpoints. Returns (model, tokenizer): what `translate` needs."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}; train one with code/train.py")
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(payload, dict) or not {"config", "model", "tokenizer"} <= payload.keys():
+        raise ValueError(
+            f"{path} is not a checkpoint written by train (it lacks config, model or "
+            f"tokenizer); pass checkpoint.pt or a checkpoint-<step>.pt of a training run"
+        )
+    config = ModelConfig(**payload["config"]["model"])
+    tokenizer = Tokenizer.from_str(payload["tokenizer"])
+    vocab = tokenizer.get_vocab_size()
+    model = build_model(vocab, vocab, config)
+    model.load_state_dict(payload["model"])
+    return model.to(device).eval(), tokenizer
+
+
+def average_checkpoints(paths):
+    """§6.1: "a single model obtained by averaging the last 5 checkpoints". The element-wise
+    mean of the weights of several checkpoints of one run, returned as a checkpoint payload
+    (save it with save_checkpoint, load it with load_checkpoint)."""
+    paths = [pathlib.Path(p) for p in paths]
+    if not paths:
+        raise ValueError("average_checkpoints needs at least one checkpoint path")
+    payloads = [torch.load(p, map_location="cpu", weights_only=True) for p in paths]
+    for path, payload in zip(paths[1:], payloads[1:]):
+        if payload["config"] != payloads[0]["config"]:
+            raise ValueError(
+                f"{path} and {paths[0]} come from differently configured runs; only "
+                f"checkpoints of one run can be averaged"
+            )
+    weights = {
+        # float64 for the sum, so the mean does not depend on the order of the checkpoints
+        name: torch.stack([p["model"][name].double() for p in payloads]).mean(0).to(tensor.dtype)
+        for name, tensor in payloads[-1]["model"].items()
+    }
+    steps = [p.get("step") for p in payloads]
+    return {
+        "config": payloads[-1]["config"],
+        "tokenizer": payloads[-1]["tokenizer"],
+        "step": steps[-1],
+        "averaged_steps": steps,
+        "model": weights,
+    }
+
+
+def translate(model, tokenizer, sentences, beam_size=4, alpha=0.6, batch_size=64):
+    """Translate source sentences (a list of str) into detokenized strings, with the
+    paper's decoding by default (§6.1: beam 4, alpha 0.6, output length at most input
+    length + 50); beam_size=1 is greedy decoding. An empty (or all-blank) sentence
+    translates to "". Characters the vocabulary has never seen become <unk> in the input,
+    and special tokens never appear in the output."""
+    if isinstance(sentences, str):
+        raise TypeError("translate takes a list of sentences; wrap a single one: [sentence]")
+    for i, sentence in enumerate(sentences):
+        if not isinstance(sentence, str):
+            raise TypeError(f"sentence {i} is a {type(sentence).__name__}, not a str")
+    device = next(model.parameters()).device
+    # the output may be 50 tokens longer than the input, and positions stop at max_len
+    longest = min(model.src_embed[1].max_len, model.tgt_embed[1].max_len - 51)
+    encoded = {}
+    for i, sentence in enumerate(sentences):
+        if sentence.strip():
+            encoded[i] = tokenizer.encode(sentence).ids + [EOS_ID]
+            if len(encoded[i]) > longest:
+                raise ValueError(
+                    f"sentence {i} is {len(encoded[i])} tokens long; this model translates at "
+                    f"most {longest} (its positional table has max_len rows, and the output "
+                    f"may be 50 tokens longer than the input); split the sentence"
+                )
+    results = [""] * len(sentences)
+    order = sorted(encoded, key=lambda i: len(encoded[i]))  # similar lengths, little padding
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            src = torch.full((len(chunk), len(encoded[chunk[-1]])), PAD_ID, dtype=torch.long)
+            for row, i in enumerate(chunk):
+                src[row, : len(encoded[i])] = torch.tensor(encoded[i])
+            src = src.to(device)
+            src_mask = padding_mask(src, PAD_ID)
+            if beam_size == 1:
+                out = greedy_decode(model, src, src_mask)
+            else:
+                out = beam_search(model, src, src_mask, beam_size=beam_size, alpha=alpha)
+            for row, i in enumerate(chunk):
+                results[i] = tokenizer.decode(out[row].tolist(), skip_special_tokens=True)
+    return results
+
+
+def evaluate_bleu(model, tokenizer, pairs, beam_size=4, alpha=0.6, batch_size=64):
+    """Translate the sources of (source, reference) pairs and score them with sacreBLEU
+    (Post, 2018): `bleu` on detokenized, cased text (the standard, with its
+    signature), and `bleu_lowercase`, case-insensitive, closer to the lowercased tokenized
+    BLEU most Multi30k papers report."""
+    hypotheses = translate(model, tokenizer, [s for s, _ in pairs], beam_size, alpha, batch_size)
+    references = [[t for _, t in pairs]]
+    cased, lowercase = sacrebleu.BLEU(), sacrebleu.BLEU(lowercase=True)
+    score = cased.corpus_score(hypotheses, references)
+    lower = lowercase.corpus_score(hypotheses, references)
+    return {
+        "bleu": round(score.score, 2),
+        "signature": str(cased.get_signature()),
+        "bleu_lowercase": round(lower.score, 2),
+        "signature_lowercase": str(lowercase.get_signature()),
+        "hypotheses": hypotheses,
+    }

@@ -154,11 +154,94 @@ def test_run_writes_checkpoint_tokenizer_and_metrics(tmp_path):
     at.train(TINY, toy_pairs(), tmp_path, log=quiet)
     checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert checkpoint["step"] == 6 and checkpoint["config"] == TINY.identity()
-    assert checkpoint["tokenizer"] == str(tmp_path / "tokenizer.json")
-    assert at.load_tokenizer(tmp_path / "tokenizer.json").get_vocab_size() <= 200
+    tokenizer = at.load_tokenizer(tmp_path / "tokenizer.json")
+    assert checkpoint["tokenizer"] == tokenizer.to_str()  # a checkpoint is self-contained
+    assert tokenizer.get_vocab_size() <= 200
+    snapshots = [p.name for p in at.snapshot_paths(tmp_path)]
+    assert snapshots == ["checkpoint-0000003.pt", "checkpoint-0000006.pt"]
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert [h["step"] for h in metrics["history"]] == [1, 2, 3, 4, 5, 6]
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_only_the_last_keep_checkpoints_snapshots_are_kept(tmp_path):
+    config = dataclasses.replace(TINY, max_steps=12, checkpoint_every=2, keep_checkpoints=3)
+    at.train(config, toy_pairs(), tmp_path, log=quiet)
+    steps = [torch.load(p, weights_only=True)["step"] for p in at.snapshot_paths(tmp_path)]
+    assert steps == [8, 10, 12]
+
+
+def test_bf16_autocast_trains_close_to_float32(tmp_path):
+    runs = {}
+    for amp in (None, "bf16"):
+        _, _, history = at.train(TINY, toy_pairs(), tmp_path / str(amp), log=quiet, amp=amp)
+        runs[amp] = [h["loss"] for h in history]
+    assert runs[None] != runs["bf16"]  # autocast really changed the arithmetic
+    assert max(abs(a - b) for a, b in zip(runs[None], runs["bf16"])) < 0.1
+    with pytest.raises(ValueError, match="amp must be None or 'bf16'"):
+        at.train(TINY, toy_pairs(), tmp_path / "fp16", log=quiet, amp="fp16")
+
+
+DISTRIBUTED_SCRIPT = """
+import json, sys
+import torch
+sys.path.insert(0, {code!r})
+import annotated_transformer as at
+
+torch.distributed.init_process_group("gloo")
+rank = torch.distributed.get_rank()
+config = at.TrainConfig(**{config!r})
+model, _, history = at.train(config, json.load(open({pairs!r})), {out!r}, log=lambda m: None)
+torch.save({{"model": model.state_dict(), "history": history}}, f"{out}/rank{{rank}}.pt")
+torch.distributed.destroy_process_group()
+"""
+
+
+def test_two_processes_under_torchrun_end_with_identical_parameters(tmp_path):
+    pairs = toy_pairs(120)
+    (tmp_path / "pairs.json").write_text(json.dumps(pairs))
+    fields = dataclasses.asdict(dataclasses.replace(TINY, max_steps=4, checkpoint_every=2))
+    fields["model"] = at.ModelConfig(**fields["model"])
+    script = tmp_path / "run.py"
+    script.write_text(
+        DISTRIBUTED_SCRIPT.format(
+            code=str(ROOT / "code"),
+            config=fields,
+            pairs=str(tmp_path / "pairs.json"),
+            out=str(tmp_path / "run"),
+        ).replace("ModelConfig(", "at.ModelConfig(")
+    )
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    result = subprocess.run(
+        [*command, "--nproc-per-node", "2", str(script)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    ranks = [torch.load(tmp_path / "run" / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    for name, tensor in ranks[0]["model"].items():
+        assert torch.equal(tensor, ranks[1]["model"][name]), name
+    # each rank trained on its own share of the batches ...
+    tokens = [[h["tokens"] for h in rank["history"]] for rank in ranks]
+    assert tokens[0] != tokens[1] and len(tokens[0]) == 4
+    # ... and only rank 0 wrote checkpoints, metrics and the tokenizer
+    written = {p.name for p in (tmp_path / "run").iterdir()}
+    assert written == {
+        "checkpoint.pt",
+        "checkpoint-0000002.pt",
+        "checkpoint-0000004.pt",
+        "metrics.json",
+        "tokenizer.json",
+        "rank0.pt",
+        "rank1.pt",
+    }
+    initial = at.build_model(
+        ranks[0]["model"]["generator.projection.weight"].size(0),
+        ranks[0]["model"]["generator.projection.weight"].size(0),
+        TINY.model,
+    )
+    assert not torch.equal(
+        initial.state_dict()["encoder.layers.0.feed_forward.w_1.weight"],
+        ranks[0]["model"]["encoder.layers.0.feed_forward.w_1.weight"],
+    )
 
 
 def test_resuming_with_another_configuration_is_refused(tmp_path):

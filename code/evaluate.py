@@ -1,0 +1,124 @@
+"""Score a training run the way §6.1 does: greedy and beam search, the last weights and the
+average of the last checkpoints, sacreBLEU on Multi30k val and test2016.
+
+    python code/evaluate.py --run runs/cpu-long --out results/cpu-long
+    python code/evaluate.py --run runs/base --out results/base --device cuda
+
+Reads RUN/checkpoint-<step>.pt (the snapshots code/train.py keeps), RUN/checkpoint.pt and
+RUN/train.log; writes RUN/averaged.pt and, in OUT, evaluation.json (the table, sacreBLEU's
+signature, sample translations, steps, training time, hardware) and metrics.json (the
+training loss, averaged over every 10 steps). Only val should guide choices; test2016 is
+reported.
+"""
+
+import argparse
+import json
+import pathlib
+import re
+import sys
+
+import torch
+
+import annotated_transformer as at
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--run", type=pathlib.Path, required=True, help="a train.py --out folder")
+    parser.add_argument("--out", type=pathlib.Path, required=True, help="folder for the results")
+    parser.add_argument("--average", type=int, default=5, help="snapshots to average (§6.1: 5)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
+    parser.add_argument("--limit", type=int, help="score only the first LIMIT sentences of a set")
+    parser.add_argument(
+        "--hardware", help="how to describe the training machine (default: this one)"
+    )
+    return parser.parse_args(argv)
+
+
+def training_seconds(log_path):
+    """Training time from train.log: the last 'step N: ..., S s' of each (resumed) segment;
+    None without a log (runs started from Python rather than code/train.py)."""
+    if not pathlib.Path(log_path).is_file():
+        return None
+    total, segment = 0.0, 0.0
+    for line in pathlib.Path(log_path).read_text().splitlines():
+        if line.startswith("training ") or line.startswith("resumed "):
+            total, segment = total + segment, 0.0
+        found = re.match(r"step \d+: .*, (\d+) s, checkpoint written", line)
+        if found:
+            segment = float(found.group(1))
+    return total + segment
+
+
+def smoothed_history(history, every=10):
+    """The loss averaged over consecutive windows of `every` steps."""
+    return [
+        {
+            "step": window[-1]["step"],
+            "loss": round(sum(h["loss"] for h in window) / len(window), 4),
+        }
+        for window in (history[i : i + every] for i in range(0, len(history), every))
+    ]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    snapshots = at.snapshot_paths(args.run)
+    if not snapshots:
+        print(f"evaluate.py: no checkpoint-<step>.pt in {args.run}", file=sys.stderr)
+        return 2
+    averaged_path = args.run / "averaged.pt"
+    averaged = at.average_checkpoints(snapshots[-args.average :])
+    at.save_checkpoint(averaged_path, averaged)
+    sets = {split: at.load_multi30k(split)[: args.limit] for split in ("val", "test2016")}
+    rows, samples, signature = [], [], None
+    weights = (("last", snapshots[-1]), (f"average of last {args.average}", averaged_path))
+    for label, path in weights:
+        model, tokenizer = at.load_checkpoint(path, args.device)
+        for split, pairs in sets.items():
+            for beam_size in (1, 4):
+                scores = at.evaluate_bleu(model, tokenizer, pairs, beam_size, 0.6, args.batch_size)
+                signature = scores["signature"]
+                decoding = "greedy" if beam_size == 1 else "beam 4, alpha 0.6"
+                rows.append(
+                    {
+                        "set": split,
+                        "decoding": decoding,
+                        "weights": label,
+                        "sacreBLEU": scores["bleu"],
+                        "lowercased BLEU": scores["bleu_lowercase"],
+                    }
+                )
+                print(f"{split:9} {decoding:18} {label:18} {scores['bleu']:6.2f}", flush=True)
+                if split == "test2016" and beam_size == 4 and path == averaged_path:
+                    samples = [
+                        {"source": s, "reference": t, "hypothesis": h}
+                        for (s, t), h in zip(pairs[:10], scores["hypotheses"])
+                    ]
+    state = torch.load(args.run / "checkpoint.pt", map_location="cpu", weights_only=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    seconds = training_seconds(args.run / "train.log")
+    evaluation = {
+        "run": str(args.run),
+        "config": state["config"],
+        "steps": state["step"],
+        "averaged_steps": averaged["averaged_steps"],
+        "train_hours": seconds and round(seconds / 3600, 2),
+        "hardware": args.hardware or at.hardware_description(args.device),
+        "signature": signature,
+        "sentences": {split: len(pairs) for split, pairs in sets.items()},
+        "results": rows,
+        "samples": samples,
+    }
+    (args.out / "evaluation.json").write_text(json.dumps(evaluation, indent=1) + "\n")
+    metrics = {"every": 10, "history": smoothed_history(state["history"])}
+    (args.out / "metrics.json").write_text(json.dumps(metrics) + "\n")
+    print(f"wrote {args.out / 'evaluation.json'} and {args.out / 'metrics.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

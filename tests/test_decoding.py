@@ -1,0 +1,277 @@
+"""§6.1: the key/value cache, greedy decoding, beam search with length penalty, checkpoint
+averaging, translate, and scoring."""
+
+import itertools
+import json
+import math
+
+import pytest
+import torch
+from test_training import TINY, quiet, toy_pairs
+
+import annotated_transformer as at
+
+
+def small_model(seed=0, **options):
+    torch.manual_seed(seed)
+    return at.make_model(12, 12, N=2, d_model=32, d_ff=64, h=4, **options).eval()
+
+
+def sources(seed=0, batch=5, seq=7, vocab=12):
+    generator = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, vocab, (batch, seq), generator=generator)
+    src[1, 4:] = at.PAD_ID  # a shorter sentence
+    src[2, :] = at.PAD_ID  # an empty one
+    return src, at.padding_mask(src, at.PAD_ID)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"pre_norm": True}, {"positions": "learned"}, {"fused": False}, {"d_k": 4, "d_v": 6}],
+)
+def test_each_cached_step_equals_the_full_decoder(options):
+    model = small_model(**options)
+    src, src_mask = sources()
+    tgt = torch.randint(4, 12, (src.size(0), 6), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        cache = at.KeyValueCache(model, memory)
+        for t in range(tgt.size(1)):
+            step = at.decode_step(model, src_mask, tgt[:, t : t + 1], cache)
+            full = model.decode(memory, src_mask, tgt[:, : t + 1], at.subsequent_mask(t + 1))
+            torch.testing.assert_close(step, model.generator(full[:, -1]), atol=1e-5, rtol=1e-5)
+    assert cache.length == tgt.size(1) and cache.keys[0].size(2) == tgt.size(1)
+
+
+def test_greedy_decoding_with_and_without_the_cache_agree():
+    model = small_model()
+    src, src_mask = sources()
+    with torch.no_grad():
+        cached = at.greedy_decode(model, src, src_mask, max_len=20, cache=True)
+        uncached = at.greedy_decode(model, src, src_mask, max_len=20, cache=False)
+    assert torch.equal(cached, uncached)
+    assert (cached[:, 0] == at.BOS_ID).all()
+
+
+def test_output_length_is_at_most_input_length_plus_50():
+    model = small_model()
+    src, src_mask = sources()
+    with torch.no_grad():
+        greedy = at.greedy_decode(model, src, src_mask, end_symbol=-1)
+        beam = at.beam_search(model, src, src_mask, end_symbol=-1, beam_size=2)
+    produced = (greedy[:, 1:] != at.PAD_ID).sum(-1)
+    assert produced.tolist() == [7 + 50, 4 + 50, 0 + 50, 7 + 50, 7 + 50]
+    assert ((beam[:, 1:] != at.PAD_ID).sum(-1) <= src_mask.sum(-1).squeeze(-1) + 50).all()
+    assert at.greedy_decode(model, src, src_mask, max_len=3, end_symbol=-1).size(1) == 4
+    with pytest.raises(ValueError, match="max_len must be a positive integer"):
+        at.greedy_decode(model, src, src_mask, max_len=0)
+
+
+def ends_often(model):
+    """Make the end symbol likely enough that sentences end at different lengths."""
+    with torch.no_grad():
+        model.generator.projection.weight[at.EOS_ID] *= 3
+    return model
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_beam_of_one_without_length_penalty_is_greedy(seed):
+    model = ends_often(small_model(seed))
+    src, src_mask = sources(seed)
+    with torch.no_grad():
+        greedy = at.greedy_decode(model, src, src_mask, max_len=15)
+        beam = at.beam_search(model, src, src_mask, max_len=15, beam_size=1, alpha=0.0)
+    assert torch.equal(beam, greedy)
+
+
+def test_beam_search_with_and_without_the_cache_agree():
+    model = ends_often(small_model(3))
+    src, src_mask = sources(3)
+    with torch.no_grad():
+        cached = at.beam_search(model, src, src_mask, max_len=15, beam_size=4, alpha=0.6)
+        uncached = at.beam_search(
+            model, src, src_mask, max_len=15, beam_size=4, alpha=0.6, cache=False
+        )
+    assert torch.equal(cached, uncached)
+
+
+def sequence_score(model, src, src_mask, tokens, alpha):
+    ys = torch.tensor([[at.BOS_ID, *tokens]])
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        out = model.decode(memory, src_mask, ys[:, :-1], at.subsequent_mask(len(tokens)))
+        log_probs = model.generator(out)[0].gather(-1, ys[0, 1:].unsqueeze(-1)).sum()
+    return log_probs.item() / at.length_penalty(len(tokens), alpha)
+
+
+def test_a_wide_enough_beam_finds_the_best_output_by_exhaustive_search():
+    torch.manual_seed(0)
+    model = ends_often(at.make_model(6, 6, N=1, d_model=16, d_ff=32, h=2).eval())
+    src = torch.tensor([[4, 5, 4]])
+    src_mask = at.padding_mask(src, at.PAD_ID)
+    limit, alpha = 3, 0.6
+    candidates = [
+        (*prefix, at.EOS_ID)
+        for n in range(limit)
+        for prefix in itertools.product([t for t in range(6) if t != at.EOS_ID], repeat=n)
+    ] + list(itertools.product(range(6), repeat=limit))  # the limit ends these
+    best = max(candidates, key=lambda c: sequence_score(model, src, src_mask, c, alpha))
+    with torch.no_grad():
+        found = at.beam_search(model, src, src_mask, max_len=limit, beam_size=6**limit, alpha=alpha)
+    assert tuple(found[0, 1:].tolist()) == best
+
+
+def test_length_penalty_is_wu_et_al():
+    assert at.length_penalty(1, 0.6) == 1.0
+    assert at.length_penalty(20, 0.0) == 1.0
+    assert math.isclose(at.length_penalty(20, 0.6), (25 / 6) ** 0.6)
+
+
+def test_a_bad_beam_size_is_refused():
+    model = small_model()
+    src, src_mask = sources()
+    with pytest.raises(ValueError, match="beam_size must be a positive integer"):
+        at.beam_search(model, src, src_mask, beam_size=0)
+
+
+# ---- checkpoints ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("run")
+    model, tokenizer, _ = at.train(TINY, toy_pairs(), folder, log=quiet)
+    return folder, model, tokenizer
+
+
+def test_averaging_identical_checkpoints_is_the_identity(tiny_run):
+    folder, _, _ = tiny_run
+    last = at.snapshot_paths(folder)[-1]
+    averaged = at.average_checkpoints([last, last, last])
+    weights = torch.load(last, weights_only=True)["model"]
+    assert averaged["model"].keys() == weights.keys()
+    assert all(torch.equal(averaged["model"][k], weights[k]) for k in weights)
+
+
+def test_averaging_two_checkpoints_is_the_mean_of_their_weights(tiny_run, tmp_path):
+    folder, _, _ = tiny_run
+    paths = at.snapshot_paths(folder)
+    assert [p.name for p in paths] == ["checkpoint-0000003.pt", "checkpoint-0000006.pt"]
+    a, b = (torch.load(p, weights_only=True)["model"] for p in paths)
+    averaged = at.average_checkpoints(paths)
+    for name in a:
+        torch.testing.assert_close(averaged["model"][name], (a[name] + b[name]) / 2)
+    assert averaged["averaged_steps"] == [3, 6]
+    at.save_checkpoint(tmp_path / "averaged.pt", averaged)
+    model, _ = at.load_checkpoint(tmp_path / "averaged.pt")
+    torch.testing.assert_close(
+        model.state_dict()["generator.projection.weight"],
+        averaged["model"]["generator.projection.weight"],
+    )
+
+
+def test_checkpoints_of_different_runs_are_not_averaged(tiny_run, tmp_path):
+    folder, _, _ = tiny_run
+    other = dict(torch.load(at.snapshot_paths(folder)[-1], weights_only=True))
+    other["config"] = {**other["config"], "smoothing": 0.3}
+    torch.save(other, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="differently configured runs"):
+        at.average_checkpoints([at.snapshot_paths(folder)[-1], tmp_path / "other.pt"])
+    with pytest.raises(ValueError, match="at least one"):
+        at.average_checkpoints([])
+
+
+def test_load_checkpoint_restores_the_trained_model(tiny_run):
+    folder, trained, tokenizer = tiny_run
+    for path in (folder / "checkpoint.pt", at.snapshot_paths(folder)[-1]):
+        model, loaded_tokenizer = at.load_checkpoint(path)
+        assert not model.training
+        assert loaded_tokenizer.to_str() == tokenizer.to_str()
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(model.state_dict().values(), trained.state_dict().values())
+        )
+
+
+def test_load_checkpoint_says_what_is_wrong(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        at.load_checkpoint(tmp_path / "missing.pt")
+    torch.save({"weights": torch.ones(2)}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="not a checkpoint written by train"):
+        at.load_checkpoint(tmp_path / "other.pt")
+
+
+# ---- translate and BLEU --------------------------------------------------------------------
+
+
+def test_translate_round_trips_a_batch_with_an_empty_string(tiny_run):
+    folder, _, _ = tiny_run
+    model, tokenizer = at.load_checkpoint(folder / "checkpoint.pt")
+    sentence = "a man runs on the red street"
+    for beam_size in (1, 4):
+        outputs = at.translate(model, tokenizer, [sentence, "", sentence, "   "], beam_size)
+        assert len(outputs) == 4 and all(isinstance(o, str) for o in outputs)
+        assert outputs[1] == outputs[3] == "" and outputs[0] == outputs[2]
+        assert outputs[0] == at.translate(model, tokenizer, [sentence], beam_size)[0]
+    for special in at.SPECIAL_TOKENS:
+        assert special not in outputs[0]
+    assert at.translate(model, tokenizer, []) == []
+
+
+def test_translate_handles_unknown_characters_and_refuses_bad_input(tiny_run):
+    folder, _, _ = tiny_run
+    model, tokenizer = at.load_checkpoint(folder / "checkpoint.pt")
+    assert at.UNK_ID in tokenizer.encode("a ☃ dog").ids
+    assert isinstance(at.translate(model, tokenizer, ["a ☃ dog"])[0], str)
+    with pytest.raises(TypeError, match="wrap a single one"):
+        at.translate(model, tokenizer, "a dog")
+    with pytest.raises(TypeError, match="sentence 1 is a int"):
+        at.translate(model, tokenizer, ["a dog", 3])
+    with pytest.raises(ValueError, match="sentence 0 is .* tokens long"):
+        at.translate(model, tokenizer, ["dog " * 5000])
+
+
+def test_evaluate_bleu_scores_with_sacrebleu(tiny_run, monkeypatch):
+    folder, _, _ = tiny_run
+    model, tokenizer = at.load_checkpoint(folder / "checkpoint.pt")
+    pairs = [("ein hund", "A dog runs in the park."), ("zwei", "Two men are cooking.")]
+    monkeypatch.setattr(at, "translate", lambda *args, **kwargs: [t for _, t in pairs])
+    scores = at.evaluate_bleu(model, tokenizer, pairs)
+    assert scores["bleu"] == 100.0 and scores["bleu_lowercase"] == 100.0
+    assert scores["signature"].startswith("nrefs:1|case:mixed|")
+    assert "case:lc" in scores["signature_lowercase"]
+    lowercase_first = ["a dog runs in the park.", "Two men are cooking."]
+    monkeypatch.setattr(at, "translate", lambda *args, **kwargs: lowercase_first)
+    scores = at.evaluate_bleu(model, tokenizer, pairs)
+    assert 0 < scores["bleu"] < 100 and scores["bleu_lowercase"] == 100.0
+
+
+def test_evaluate_command_line_writes_the_table(tiny_run, tmp_path, monkeypatch):
+    import evaluate
+
+    folder, _, _ = tiny_run
+    monkeypatch.setattr(at, "load_multi30k", lambda split, data_dir=None: toy_pairs(8, seed=2))
+    # a 6-step model rarely ends a sentence: cap outputs at 5 tokens to keep this test fast
+    capped = lambda src_mask, max_len=None: torch.full((src_mask.size(0),), 5)  # noqa: E731
+    monkeypatch.setattr(at, "output_limits", capped)
+    assert evaluate.main(["--run", str(folder), "--out", str(tmp_path), "--average", "2"]) == 0
+    evaluation = json.loads((tmp_path / "evaluation.json").read_text())
+    assert evaluation["steps"] == 6 and evaluation["averaged_steps"] == [3, 6]
+    assert evaluation["train_hours"] is None  # trained from Python: no train.log
+    assert len(evaluation["results"]) == 8  # 2 weights x 2 sets x 2 decodings
+    assert {r["decoding"] for r in evaluation["results"]} == {"greedy", "beam 4, alpha 0.6"}
+    assert len(evaluation["samples"]) == 8
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["history"][0]["step"] == 6  # one window of 10 steps, ending at step 6
+
+
+def test_training_time_is_read_from_the_log_across_resumes(tmp_path):
+    import evaluate
+
+    log = tmp_path / "train.log"
+    log.write_text(
+        "training quick ...\nstep 200: loss 3.5, lr 1e-3, 290 s, checkpoint written\n"
+        "step 400: loss 3.0, lr 1e-3, 580 s, checkpoint written\nresumed from x at step 400\n"
+        "step 600: loss 2.9, lr 1e-3, 300 s, checkpoint written\n"
+    )
+    assert evaluate.training_seconds(log) == 880
