@@ -303,3 +303,21 @@ def test_embeddings_are_scaled_and_generator_gives_log_probabilities():
     log_probs = generator(torch.randn(1, 3, 16))
     torch.testing.assert_close(log_probs.exp().sum(-1), torch.ones(1, 3))
     assert generator.projection.bias is None  # so that it can be the embedding matrix
+
+
+def test_learned_positions_are_table_3_row_e():
+    sinusoidal = at.make_model(50, 50, N=1, d_model=16, d_ff=32, h=2, max_len=40)
+    learned = at.make_model(50, 50, N=1, d_model=16, d_ff=32, h=2, max_len=40, positions="learned")
+    # one trained table for the source and one for the target
+    assert at.count_parameters(learned) - at.count_parameters(sinusoidal) == 2 * 40 * 16
+    table = learned.src_embed[1].table
+    assert 0.6 < table.std().item() < 0.8  # not shrunk by the Xavier initialisation
+    x = torch.zeros(1, 5, 16)
+    learned.eval()
+    torch.testing.assert_close(
+        learned.tgt_embed[1](x[:, :1], offset=3), learned.tgt_embed[1](x)[:, 3:4]
+    )
+    with pytest.raises(ValueError, match="positions must be 'sinusoidal'"):
+        at.ModelConfig(positions="rotary")
+    with pytest.raises(ValueError, match="longer than the learned table"):
+        learned.src_embed[1](torch.zeros(1, 41, 16))
