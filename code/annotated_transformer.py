@@ -1405,3 +1405,105 @@ def evaluate_bleu(model, tokenizer, pairs, beam_size=4, alpha=0.6, batch_size=64
         "signature_lowercase": str(lowercase.get_signature()),
         "hypotheses": hypotheses,
     }
+
+
+# --------------------------------------------------------------------------------------
+# 6.2 Model Variations, from chapters/06_2_model_variations.ipynb
+# --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Table3Row:
+    """One row of Table 3: its group (base, A to E, big), what it changes relative to the
+    base row (ModelConfig fields, plus `smoothing`, a TrainConfig field), and the paper's
+    results on newstest2013: perplexity per word-piece, BLEU, parameters in millions (None
+    where the paper leaves the cell blank: as the base model), training steps."""
+
+    group: str
+    changes: dict
+    ppl: float
+    bleu: float
+    params_m: float | None = None
+    steps: int = 100_000
+
+    @property
+    def label(self):
+        """The row as the book names it, e.g. "(A) h=1, d_k=512, d_v=512"."""
+        if self.group in ("base", "big"):
+            return self.group
+        return f"({self.group}) " + ", ".join(f"{k}={v}" for k, v in self.changes.items())
+
+
+TABLE3_ROWS = (
+    Table3Row("base", {}, 4.92, 25.8, 65),
+    Table3Row("A", {"h": 1, "d_k": 512, "d_v": 512}, 5.29, 24.9),
+    Table3Row("A", {"h": 4, "d_k": 128, "d_v": 128}, 5.00, 25.5),
+    Table3Row("A", {"h": 16, "d_k": 32, "d_v": 32}, 4.91, 25.8),
+    Table3Row("A", {"h": 32, "d_k": 16, "d_v": 16}, 5.01, 25.4),
+    Table3Row("B", {"d_k": 16}, 5.16, 25.1, 58),
+    Table3Row("B", {"d_k": 32}, 5.01, 25.4, 60),
+    Table3Row("C", {"N": 2}, 6.11, 23.7, 36),
+    Table3Row("C", {"N": 4}, 5.19, 25.3, 50),
+    Table3Row("C", {"N": 8}, 4.88, 25.5, 80),
+    Table3Row("C", {"d_model": 256, "d_k": 32, "d_v": 32}, 5.75, 24.5, 28),
+    Table3Row("C", {"d_model": 1024, "d_k": 128, "d_v": 128}, 4.66, 26.0, 168),
+    Table3Row("C", {"d_ff": 1024}, 5.12, 25.4, 53),
+    Table3Row("C", {"d_ff": 4096}, 4.75, 26.2, 90),
+    Table3Row("D", {"dropout": 0.0}, 5.77, 24.6),
+    Table3Row("D", {"dropout": 0.2}, 4.95, 25.5),
+    Table3Row("D", {"smoothing": 0.0}, 4.67, 25.3),
+    Table3Row("D", {"smoothing": 0.2}, 5.47, 25.7),
+    Table3Row("E", {"positions": "learned"}, 4.92, 25.7),
+    Table3Row(
+        "big",
+        {"d_model": 1024, "d_ff": 4096, "h": 16, "dropout": 0.3},
+        4.33,
+        26.4,
+        213,
+        300_000,
+    ),
+)
+
+
+def apply_changes(config, changes):
+    """A TrainConfig with a Table 3 row's changes applied: names of ModelConfig fields
+    change config.model, names of TrainConfig fields (smoothing) change config itself."""
+    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    train_fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"model"}
+    unknown = sorted(set(changes) - model_fields - train_fields)
+    if unknown:
+        raise ValueError(
+            f"unknown field(s) {', '.join(unknown)}: a change names a ModelConfig or "
+            f"TrainConfig field"
+        )
+    model = replace(config.model, **{k: v for k, v in changes.items() if k in model_fields})
+    return replace(config, model=model, **{k: v for k, v in changes.items() if k in train_fields})
+
+
+def validation_perplexity(model, data, max_tokens=2000):
+    """Table 3's PPL: exp of the mean negative log-likelihood per target token (per BPE
+    piece, </s> included) given the source and the reference prefix, without label
+    smoothing and with padding excluded. data: (source ids, target ids) pairs as
+    encode_pairs returns them, scored in batches of at most max_tokens tokens a side (or
+    the longest sentence). Returns a float; the model is left in the mode it was in."""
+    model = unwrap(model)
+    device = next(model.parameters()).device
+    lengths = [(len(s), len(t)) for s, t in data]
+    longest = max(max(pair) for pair in lengths)
+    batches = batch_by_tokens(lengths, max(max_tokens, longest), shuffle=False)
+    training = model.training
+    model.eval()
+    nll, tokens = 0.0, 0
+    with torch.no_grad():
+        for index in batches:
+            batch = Batch.from_ids([data[i] for i in index]).to(device)
+            states = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
+            log_probs = model.generator(states).float()  # (batch, seq_tgt, vocab)
+            nll += F.nll_loss(
+                log_probs.flatten(0, 1),
+                batch.tgt_y.flatten(),
+                ignore_index=PAD_ID,
+                reduction="sum",
+            ).item()
+            tokens += batch.ntokens
+    model.train(training)
+    return math.exp(nll / tokens)

@@ -287,3 +287,149 @@ def attention_figure():
     )
     ax.axis("off")
     return fig
+
+
+def table3_changes(labels, paper, ours, noise=None, title="Table 3: change from the base row"):
+    """Table 3 as changes from the base row: for each row (labels, top to bottom) a pair of
+    horizontal bars, the paper's change and ours, in percent of the base row's value. noise,
+    if given, shades +-noise percent around zero: how far our base row moves between seeds
+    alone, so bars inside the band are not distinguishable from the base."""
+    labels, paper, ours = list(labels), _as_array(paper), _as_array(ours)
+    y = torch.arange(len(labels)).numpy()
+    lines = max(label.count("\n") + 1 for label in labels)
+    fig, ax = plt.subplots(figsize=(7.5, (0.2 + 0.2 * lines) * len(labels) + 1.4))
+    if noise is not None:
+        ax.axvspan(-noise, noise, color="0.85", label=f"our seed spread (±{noise:.0f}%)")
+    ax.barh(y - 0.2, paper, height=0.4, color="#4c72b0", label="paper (WMT EN-DE, 100K steps)")
+    ax.barh(y + 0.2, ours, height=0.4, color="#dd8452", label="ours (Multi30k DE-EN, CPU)")
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks(y, labels, fontsize=9)
+    ax.grid(axis="y", visible=False)
+    ax.invert_yaxis()
+    ax.set(title=title, xlabel="change from the base row (%)")
+    ax.legend(loc="lower right", fontsize=8)
+    return fig
+
+
+def ppl_vs_params(labels, paper_params, paper_ppl, our_params, our_ppl, title=None):
+    """Perplexity against parameters, the paper's rows and ours, each relative to its base
+    row (the first entry), on log-log axes; a thin line joins the paper's point and ours for
+    the same row (labels). Points below 1 are better than the base row."""
+
+    def relative(values):
+        values = torch.as_tensor(_as_array(values), dtype=torch.float64)
+        return (values / values[0]).numpy()
+
+    paper = relative(paper_params), relative(paper_ppl)
+    ours = relative(our_params), relative(our_ppl)
+    fig, ax = plt.subplots(figsize=(7, 4.6))
+    for i, label in enumerate(labels):
+        ax.plot([paper[0][i], ours[0][i]], [paper[1][i], ours[1][i]], color="0.75", lw=0.8)
+        ax.annotate(
+            label, (ours[0][i], ours[1][i]), fontsize=7, xytext=(4, 3), textcoords="offset points"
+        )
+    ax.scatter(*paper, color="#4c72b0", label="paper (WMT EN-DE, 100K steps)", zorder=3)
+    ax.scatter(*ours, color="#dd8452", marker="s", label="ours (Multi30k DE-EN, CPU)", zorder=3)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for axis, values, ticks in (
+        (ax.xaxis, (*paper[0], *ours[0]), (0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.5, 2, 3, 5, 10)),
+        (ax.yaxis, (*paper[1], *ours[1]), (0.5, 0.6, 0.7, 0.8, 0.9, 1, 1.1, 1.2, 1.3, 1.5, 2)),
+    ):  # plain numbers, not powers of ten, on the log axes
+        axis.set_ticks([t for t in ticks if min(values) / 1.1 <= t <= max(values) * 1.1])
+        axis.set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
+        axis.set_minor_formatter(plt.matplotlib.ticker.NullFormatter())
+    ax.axhline(1, color="0.6", linewidth=0.8)
+    ax.axvline(1, color="0.6", linewidth=0.8)
+    ax.set(
+        title=title or "Perplexity against model size",
+        xlabel="parameters / base row's",
+        ylabel="perplexity / base row's",
+    )
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
+    return fig
+
+
+# ---- attention maps of a trained model (the paper's Figures 3-5)
+
+
+def attention_grid(weights, query_tokens, key_tokens, title, vmax=1.0, cell=0.22):
+    """Weights (N, h, seq_q, seq_k) of every layer and head: one heatmap each, a row of
+    heads per layer, tokens as labels. The colour scale is shared (0 to vmax) so that heads
+    can be compared; cell is the size of one token square in inches."""
+    weights = _as_array(weights)
+    n_layers, h, seq_q, seq_k = weights.shape
+    if (len(query_tokens), len(key_tokens)) != (seq_q, seq_k):
+        raise ValueError(
+            f"{len(query_tokens)} query and {len(key_tokens)} key tokens for weights of shape "
+            f"{tuple(weights.shape)}: pass one token per row and per column"
+        )
+    width, height = max(2.2, cell * seq_k + 1.0), max(2.0, cell * seq_q + 0.9)
+    fig, axes = plt.subplots(n_layers, h, figsize=(width * h, height * n_layers), squeeze=False)
+    for layer in range(n_layers):
+        for head in range(h):
+            ax = axes[layer, head]
+            sns.heatmap(
+                weights[layer, head],
+                ax=ax,
+                cmap="viridis",
+                vmin=0,
+                vmax=vmax,
+                cbar=False,
+                square=True,
+                xticklabels=key_tokens,
+                yticklabels=query_tokens if head == 0 else False,
+            )
+            ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
+            ax.tick_params(labelsize=7, length=0)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def attention_lines(weights, tokens, query, title, heads=None, threshold=0.05):
+    """The paper's way of drawing self-attention (Figures 3-5): the sentence twice, queries
+    on top and keys below, a line from query to key for each weight above threshold, its
+    opacity the weight, one colour per head. weights is one layer's (h, seq, seq); query is
+    the position whose row is drawn (Figure 3), or None for every row (Figures 4 and 5,
+    usually with heads=[one head])."""
+    weights = _as_array(weights)
+    h, seq, _ = weights.shape
+    if len(tokens) != seq:
+        raise ValueError(f"{len(tokens)} tokens for attention over {seq} positions")
+    heads = list(range(h)) if heads is None else list(heads)
+    queries = range(seq) if query is None else [query]
+    colours = sns.color_palette("tab10", h)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * seq), 2.6))
+    for head in heads:
+        for q in queries:
+            for k in range(seq):
+                w = float(weights[head, q, k])
+                if w > threshold:
+                    ax.plot([q, k], [1, 0], color=colours[head], alpha=min(1.0, w), lw=2.5)
+    for y, va in ((1, "bottom"), (0, "top")):
+        for i, token in enumerate(tokens):
+            bold = query is not None and i == query and y == 1
+            ax.text(
+                i,
+                y + (0.04 if y else -0.04),
+                token,
+                rotation=90,
+                ha="center",
+                va=va,
+                fontsize=8,
+                fontweight="bold" if bold else "normal",
+            )
+    handles = [plt.Line2D([], [], color=colours[head], lw=2.5) for head in heads]
+    ax.legend(
+        handles,
+        [f"head {head + 1}" for head in heads],
+        fontsize=7,
+        ncol=min(len(heads), 8),
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.45),
+        frameon=False,
+    )
+    ax.set(xlim=(-0.7, seq - 0.3), ylim=(-0.9, 1.9), title=title)
+    ax.axis("off")
+    return fig

@@ -1,0 +1,395 @@
+"""Table 3 of the paper (§6.2, model variations) on Multi30k German->English.
+
+    python code/variations.py --out results/table3                  # every row, CPU scale
+    python code/variations.py --out results/table3 --rows base A    # the base row and group A
+    python code/variations.py --scale gpu --device cuda --out results/table3-gpu
+
+Each row of the paper's Table 3 (annotated_transformer.TABLE3_ROWS) becomes one training
+run that changes the same field(s) of a base configuration, scaled to the chosen --scale:
+
+  cpu   N=2, d_model=128, d_ff=512, h=4, d_k=d_v=32, a 4000-piece vocabulary, 1000 tokens a
+        batch, Eq. (3) with 100 warm-up steps and a factor 0.25, 300 steps; each row's
+        change scaled to it (e.g. (A) h=1 with d_k=d_v=128, keeping h * d_k = d_model).
+        Sized so that 18 rows (all but (C) N=4, see CPU_ROWS), the base row with three
+        seeds, fit in 40 minutes of one CPU core.
+  gpu   the paper's base model (N=6, d_model=512, d_ff=2048, h=8) and its rows unchanged,
+        with 8000 tokens a batch: the run the book still needs from a GPU.
+  tiny  a toy model for tests and for the chapter's live check; not a result.
+
+Every run trains from scratch for the same number of steps with the training function that
+code/train.py uses (annotated_transformer.train; the log gives the equivalent train.py
+command), then is scored on Multi30k val: perplexity per BPE token without label smoothing
+(validation_perplexity) and sacreBLEU of greedy (beam 1) or beam-search translations.
+Each finished run is appended to OUT/variations.csv at once; runs already there with the
+same settings are skipped, so an interrupted sweep continues where it stopped.
+"""
+
+import argparse
+import csv
+import os
+import pathlib
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+import annotated_transformer as at
+
+
+@dataclass(frozen=True)
+class Scale:
+    """A base configuration, each Table 3 row's change at that size (by the paper's label;
+    rows missing here are not run), and how the runs are scored."""
+
+    base: at.TrainConfig
+    rows: dict
+    beam_size: int
+    bleu_sentences: int | None  # the first this many val sentences; None: all of val
+    note: str
+
+
+# Each paper row's change, scaled to the CPU base (N=2, d_model=128, h=4, d_k=32): the same
+# field(s), moved in the same direction by about the same factor.
+CPU_ROWS = {
+    "base": {},
+    "(A) h=1, d_k=512, d_v=512": {"h": 1, "d_k": 128, "d_v": 128},
+    "(A) h=4, d_k=128, d_v=128": {"h": 2, "d_k": 64, "d_v": 64},
+    "(A) h=16, d_k=32, d_v=32": {"h": 8, "d_k": 16, "d_v": 16},
+    "(A) h=32, d_k=16, d_v=16": {"h": 16, "d_k": 8, "d_v": 8},
+    "(B) d_k=16": {"d_k": 8},
+    "(B) d_k=32": {"d_k": 16},
+    # the paper's depths 2 and 4 are both below its 6; below our 2 there is only 1, so the
+    # row N=4 has no counterpart here and is not run
+    "(C) N=2": {"N": 1},
+    "(C) N=8": {"N": 3},
+    "(C) d_model=256, d_k=32, d_v=32": {"d_model": 64, "d_k": 16, "d_v": 16},
+    "(C) d_model=1024, d_k=128, d_v=128": {"d_model": 256, "d_k": 64, "d_v": 64},
+    "(C) d_ff=1024": {"d_ff": 256},
+    "(C) d_ff=4096": {"d_ff": 1024},
+    "(D) dropout=0.0": {"dropout": 0.0},
+    "(D) dropout=0.2": {"dropout": 0.2},
+    "(D) smoothing=0.0": {"smoothing": 0.0},
+    "(D) smoothing=0.2": {"smoothing": 0.2},
+    # a 256-row table covers every Multi30k sentence; 5000 rows would add 1.3M parameters
+    # (more than half the base model) that are never trained
+    "(E) positions=learned": {"positions": "learned", "max_len": 256},
+}
+
+SCALES = {
+    "cpu": Scale(
+        base=at.TrainConfig(
+            model=replace(at.SMALL, d_model=128, d_ff=512, h=4, share_embeddings=True),
+            vocab_size=4000,
+            max_tokens=1000,
+            warmup_steps=100,
+            lr_factor=0.25,
+            max_steps=300,
+            checkpoint_every=300,
+            keep_checkpoints=1,
+        ),
+        rows=CPU_ROWS,
+        beam_size=1,
+        bleu_sentences=None,
+        note="CPU scale, one core: a few minutes per run; the GPU run is outstanding",
+    ),
+    "gpu": Scale(
+        base=replace(at.PROFILES["base"], max_steps=5000, warmup_steps=1000, keep_checkpoints=1),
+        rows={row.label: row.changes for row in at.TABLE3_ROWS},
+        beam_size=4,
+        bleu_sentences=None,
+        note="GPU scale: the paper's base model and rows, on Multi30k",
+    ),
+    "tiny": Scale(
+        base=at.TrainConfig(
+            model=at.ModelConfig(N=1, d_model=32, d_ff=64, h=2, share_embeddings=True),
+            vocab_size=300,
+            max_tokens=300,
+            warmup_steps=10,
+            max_steps=20,
+            checkpoint_every=20,
+            keep_checkpoints=1,
+        ),
+        rows=CPU_ROWS,
+        beam_size=1,
+        bleu_sentences=16,
+        note="tiny toy model for tests and the chapter's live check; not a result",
+    ),
+}
+
+COLUMNS = [
+    "row",
+    "group",
+    "changes",
+    "seed",
+    "N",
+    "d_model",
+    "d_ff",
+    "h",
+    "d_k",
+    "d_v",
+    "dropout",
+    "smoothing",
+    "positions",
+    "params",
+    "val_ppl",
+    "val_bleu",
+    "bleu_sentences",
+    "decoding",
+    "steps",
+    "max_tokens",
+    "vocab_size",
+    "warmup_steps",
+    "lr_factor",
+    "train_seconds",
+    "cpu_seconds",
+    "hardware",
+    "scale",
+]
+# the columns that say which run a CSV row is: a run with the same ones is not repeated
+IDENTITY = [
+    "row",
+    "changes",
+    "seed",
+    "steps",
+    "max_tokens",
+    "vocab_size",
+    "warmup_steps",
+    "lr_factor",
+    "scale",
+    "decoding",
+]
+
+
+def describe(changes):
+    """A row's changes as text, e.g. "h=1 d_k=128 d_v=128"; "" for the base row."""
+    return " ".join(f"{k}={v}" for k, v in changes.items())
+
+
+def group_of(label):
+    return label[1] if label.startswith("(") else label
+
+
+def train_py_command(config):
+    """The code/train.py command line that trains the same configuration."""
+    quick, flags = at.PROFILES["quick"], []
+    for name in ("N", "d_model", "d_ff", "h", "d_k", "d_v", "positions", "dropout"):
+        value = getattr(config.model, name)
+        if value != getattr(quick.model, name):
+            flags.append(f"--{name.replace('_', '-')} {value}")
+    for name in ("vocab_size", "max_tokens", "warmup_steps", "lr_factor", "smoothing", "seed"):
+        value = getattr(config, name)
+        if value != getattr(quick, name):
+            flags.append(f"--{name.replace('_', '-')} {value}")
+    if config.model.max_len != quick.model.max_len:
+        flags.append(f"(max_len={config.model.max_len}: not a train.py flag)")
+    return f"python code/train.py --profile quick --max-steps {config.max_steps} " + " ".join(flags)
+
+
+def run_variant(
+    label,
+    changes,
+    base,
+    train_pairs,
+    val_pairs,
+    device="cpu",
+    beam_size=1,
+    bleu_sentences=None,
+    scale="cpu",
+    log=print,
+):
+    """Train one Table 3 variant, the TrainConfig `base` with `changes` applied
+    (at.apply_changes), from scratch (at.train, in a temporary folder) and score it on val
+    pairs: validation_perplexity on all of them, sacreBLEU on the first
+    bleu_sentences (all when None), decoding greedily (beam_size=1) or with beam search.
+    Returns the run's CSV row as a dict with the keys of COLUMNS."""
+    config = at.apply_changes(base, changes)
+    log(f"{label} (seed {config.seed}): {train_py_command(config)}")
+    cpu_start, wall_start = time.process_time(), time.perf_counter()
+    with tempfile.TemporaryDirectory() as folder:
+        model, tokenizer, _ = at.train(config, train_pairs, folder, device=device, log=log)
+    train_seconds = time.perf_counter() - wall_start
+    model.eval()
+    ppl = at.validation_perplexity(model, at.encode_pairs(val_pairs, tokenizer), config.max_tokens)
+    scored = val_pairs if bleu_sentences is None else val_pairs[:bleu_sentences]
+    bleu = at.evaluate_bleu(model, tokenizer, scored, beam_size=beam_size)["bleu"]
+    m = config.model
+    row = {
+        "row": label,
+        "group": group_of(label),
+        "changes": describe(changes),
+        "seed": config.seed,
+        "N": m.N,
+        "d_model": m.d_model,
+        "d_ff": m.d_ff,
+        "h": m.h,
+        "d_k": m.d_k or m.d_model // m.h,
+        "d_v": m.d_v or m.d_model // m.h,
+        "dropout": m.dropout,
+        "smoothing": config.smoothing,
+        "positions": m.positions,
+        "params": at.count_parameters(model),
+        "val_ppl": round(ppl, 2),
+        "val_bleu": bleu,
+        "bleu_sentences": len(scored),
+        "decoding": "greedy" if beam_size == 1 else f"beam {beam_size}, alpha 0.6",
+        "steps": config.max_steps,
+        "max_tokens": config.max_tokens,
+        "vocab_size": config.vocab_size,
+        "warmup_steps": config.warmup_steps,
+        "lr_factor": config.lr_factor,
+        "train_seconds": round(train_seconds, 1),
+        "cpu_seconds": round(time.process_time() - cpu_start, 1),
+        "hardware": at.hardware_description(device),
+        "scale": scale,
+    }
+    log(
+        f"{label}: {row['params']:,} parameters, val PPL {row['val_ppl']}, "
+        f"val BLEU {row['val_bleu']}, {row['train_seconds']} s training, "
+        f"{row['cpu_seconds']} s CPU in all"
+    )
+    return row
+
+
+def read_rows(path):
+    if not path.exists():
+        return []
+    with open(path, newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def write_rows(path, rows):
+    """Write the CSV through a temporary file, so a crash never leaves half a table."""
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+
+
+def selected_rows(scale, wanted):
+    """The labels of scale's rows named in `wanted` (labels or groups: base, A, ..., E, big)."""
+    labels = list(scale.rows)
+    if not wanted:
+        return labels
+    chosen = [label for label in labels if label in wanted or group_of(label) in wanted]
+    unknown = [w for w in wanted if w not in labels and w not in map(group_of, labels)]
+    if unknown:
+        raise ValueError(
+            f"unknown row(s) {', '.join(unknown)}; choose from the groups "
+            f"{', '.join(dict.fromkeys(map(group_of, labels)))} or the labels {labels}"
+        )
+    return chosen
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=pathlib.Path, required=True, help="folder for the CSV")
+    parser.add_argument("--scale", choices=sorted(SCALES), default="cpu", help="see above")
+    parser.add_argument("--rows", nargs="*", default=[], help="labels or groups (default: all)")
+    parser.add_argument(
+        "--base-seeds",
+        type=int,
+        default=3,
+        help="train the base row with seeds 0..K-1, to measure run-to-run spread",
+    )
+    parser.add_argument("--max-steps", type=int, help="steps of every run")
+    parser.add_argument("--max-tokens", type=int, help="tokens per batch, per side")
+    parser.add_argument("--warmup-steps", type=int, help="warm-up steps of Eq. (3)")
+    parser.add_argument("--lr-factor", type=float, help="factor on the learning rate of Eq. (3)")
+    parser.add_argument("--vocab-size", type=int, help="shared BPE vocabulary size")
+    parser.add_argument("--beam-size", type=int, help="1: greedy decoding for BLEU")
+    parser.add_argument(
+        "--bleu-sentences", type=int, help="score BLEU on the first this many val sentences"
+    )
+    parser.add_argument(
+        "--train-pairs", type=int, help="train on the first this many pairs only (tests)"
+    )
+    parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cpu, cuda or cuda:N (default: cuda when available)",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="CPU threads for PyTorch and the tokenizer"
+    )
+    parser.add_argument("--data-dir", type=pathlib.Path, help="local Multi30k copy")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    # the tokenizer's thread pool starts on first use and reads this then
+    os.environ["RAYON_NUM_THREADS"] = str(args.threads)
+    torch.set_num_threads(args.threads)
+    scale = SCALES[args.scale]
+    try:
+        labels = selected_rows(scale, args.rows)
+        overrides = {
+            k: getattr(args, k)
+            for k in ("max_steps", "max_tokens", "warmup_steps", "lr_factor", "vocab_size")
+            if getattr(args, k) is not None
+        }
+        base = replace(scale.base, **overrides)
+        base = replace(base, checkpoint_every=base.max_steps)
+        train_pairs = at.load_multi30k("train", data_dir=args.data_dir)
+        val_pairs = at.load_multi30k("val", data_dir=args.data_dir)
+    except (ValueError, at.DatasetError) as error:
+        print(f"variations.py: {error}", file=sys.stderr)
+        return 2
+    if args.train_pairs:
+        train_pairs = train_pairs[: args.train_pairs]
+    beam_size = args.beam_size or scale.beam_size
+    bleu_sentences = args.bleu_sentences or scale.bleu_sentences
+    args.out.mkdir(parents=True, exist_ok=True)
+    csv_path, log_path = args.out / "variations.csv", args.out / "variations.log"
+    rows = read_rows(csv_path)
+    with open(log_path, "a") as log_file:
+
+        def log(message):
+            print(message, flush=True)
+            print(message, file=log_file, flush=True)
+
+        log(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {args.scale} scale ({scale.note}); {base}")
+        for label in labels:
+            seeds = range(args.base_seeds) if label == "base" else [base.seed]
+            for seed in seeds:
+                config = at.apply_changes(replace(base, seed=seed), scale.rows[label])
+                planned = {
+                    "row": label,
+                    "changes": describe(scale.rows[label]),
+                    "seed": str(seed),
+                    "steps": str(config.max_steps),
+                    "max_tokens": str(config.max_tokens),
+                    "vocab_size": str(config.vocab_size),
+                    "warmup_steps": str(config.warmup_steps),
+                    "lr_factor": str(config.lr_factor),
+                    "scale": args.scale,
+                    "decoding": "greedy" if beam_size == 1 else f"beam {beam_size}, alpha 0.6",
+                }
+                if any(all(r[k] == planned[k] for k in IDENTITY) for r in rows):
+                    log(f"{label} (seed {seed}): already in {csv_path}, skipped")
+                    continue
+                row = run_variant(
+                    label,
+                    scale.rows[label],
+                    replace(base, seed=seed),
+                    train_pairs,
+                    val_pairs,
+                    args.device,
+                    beam_size,
+                    bleu_sentences,
+                    args.scale,
+                    log,
+                )
+                rows.append({k: str(v) for k, v in row.items()})
+                write_rows(csv_path, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

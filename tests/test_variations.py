@@ -1,0 +1,256 @@
+"""§6.2 Table 3: validation perplexity, the paper's rows as data, the rows scaled down for a
+CPU, and the command line that trains them (code/variations.py)."""
+
+import csv
+import dataclasses
+import math
+
+import pytest
+import torch
+
+import annotated_transformer as at
+import variations
+
+PAPER_BASE = at.TrainConfig(model=dataclasses.replace(at.BASE, share_embeddings=True))
+WORDS = "a man woman dog runs sits on the red blue big small ball street grass".split()
+
+
+def toy_pairs(n=40, seed=0):
+    """Made-up sentence pairs with varied lengths (a 'translation' that reverses words)."""
+    generator = torch.Generator().manual_seed(seed)
+    pairs = []
+    for _ in range(n):
+        length = int(torch.randint(2, 9, (1,), generator=generator))
+        words = [WORDS[int(i)] for i in torch.randint(len(WORDS), (length,), generator=generator)]
+        pairs.append((" ".join(words), " ".join(reversed(words))))
+    return pairs
+
+
+def random_ids(n, vocab, seed=0):
+    """(source ids, target ids) pairs of varied lengths, as encode_pairs returns them."""
+    generator = torch.Generator().manual_seed(seed)
+    data = []
+    for _ in range(n):
+        src_len, tgt_len = torch.randint(1, 12, (2,), generator=generator).tolist()
+        src = torch.randint(4, vocab, (src_len,), generator=generator).tolist()
+        tgt = torch.randint(4, vocab, (tgt_len,), generator=generator).tolist()
+        data.append((src + [at.EOS_ID], [at.BOS_ID] + tgt + [at.EOS_ID]))
+    return data
+
+
+def paper_scale_parameters(config):
+    """Parameters of the paper's model with its shared ~37000-piece vocabulary (§5.1),
+    counted on the meta device: no memory, no time."""
+    with torch.device("meta"):
+        return at.count_parameters(at.build_model(37000, 37000, config.model))
+
+
+# ---- validation perplexity -----------------------------------------------------------
+
+
+def test_validation_perplexity_is_exp_of_the_mean_unsmoothed_nll():
+    torch.manual_seed(0)
+    vocab = 23
+    model = at.make_model(vocab, vocab, N=1, d_model=16, d_ff=32, h=2, dropout=0.3)
+    data = random_ids(17, vocab)
+    model.eval()
+    nll, tokens = 0.0, 0
+    with torch.no_grad():
+        for src, tgt in data:  # one sentence at a time: no padding at all
+            src, tgt = torch.tensor([src]), torch.tensor([tgt])
+            states = model(
+                src,
+                tgt[:, :-1],
+                at.padding_mask(src, at.PAD_ID),
+                at.subsequent_mask(tgt.size(1) - 1),
+            )
+            log_probs = model.generator(states)[0]
+            nll -= log_probs.gather(1, tgt[0, 1:, None]).sum().item()
+            tokens += tgt.size(1) - 1
+    model.train()
+    # small batches: several of them, with padding on both sides
+    ppl = at.validation_perplexity(model, data, max_tokens=30)
+    assert ppl == pytest.approx(math.exp(nll / tokens), rel=1e-5)
+    assert model.training, "the model is returned in the mode it came in"
+
+
+def test_a_uniform_model_has_the_vocabulary_size_as_perplexity():
+    vocab = 31
+    model = at.make_model(vocab, vocab, N=1, d_model=16, d_ff=32, h=2)
+    torch.nn.init.zeros_(model.generator.projection.weight)
+    assert at.validation_perplexity(model, random_ids(9, vocab)) == pytest.approx(vocab)
+
+
+def test_validation_perplexity_ignores_label_smoothing_and_padding():
+    """The training loss with smoothing 0 is the same NLL, so exp(loss) is the perplexity."""
+    torch.manual_seed(1)
+    vocab = 19
+    model = at.make_model(vocab, vocab, N=1, d_model=16, d_ff=32, h=2, dropout=0.0).eval()
+    data = random_ids(8, vocab, seed=3)
+    batch = at.Batch.from_ids(data)
+    loss = at.run_step(model, at.LabelSmoothing(vocab, at.PAD_ID, 0.0), batch)
+    assert at.validation_perplexity(model, data, max_tokens=1000) == pytest.approx(
+        math.exp(loss), rel=1e-5
+    )
+    states = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
+    smoothed = at.LabelSmoothing(vocab, at.PAD_ID, 0.1)(
+        model.generator(states).flatten(0, 1), batch.tgt_y.flatten()
+    )
+    assert smoothed.item() / batch.ntokens != pytest.approx(loss)
+
+
+# ---- Table 3 as data -------------------------------------------------------------------
+
+
+def test_table3_has_the_papers_rows():
+    groups = [row.group for row in at.TABLE3_ROWS]
+    assert [groups.count(g) for g in ("base", "A", "B", "C", "D", "E", "big")] == [
+        1,
+        4,
+        2,
+        7,
+        4,
+        1,
+        1,
+    ]
+    assert len({row.label for row in at.TABLE3_ROWS}) == len(at.TABLE3_ROWS)
+    base = at.TABLE3_ROWS[0]
+    assert (base.label, base.ppl, base.bleu, base.params_m) == ("base", 4.92, 25.8, 65)
+
+
+@pytest.mark.parametrize("row", at.TABLE3_ROWS, ids=lambda row: row.label)
+def test_each_row_builds_a_valid_config_with_exactly_its_changes(row):
+    config = at.apply_changes(PAPER_BASE, row.changes)
+    for name, value in row.changes.items():
+        where = config if name == "smoothing" else config.model
+        assert getattr(where, name) == value
+    unchanged = {
+        f.name
+        for f in dataclasses.fields(at.ModelConfig)
+        if getattr(config.model, f.name) != getattr(PAPER_BASE.model, f.name)
+    }
+    assert unchanged <= set(row.changes)
+    if row.group == "A":  # h * d_k = h * d_v = d_model: the same computation and parameters
+        assert config.model.h * config.model.d_k == config.model.d_model
+        assert paper_scale_parameters(config) == paper_scale_parameters(PAPER_BASE)
+
+
+@pytest.mark.parametrize(
+    "row", [r for r in at.TABLE3_ROWS if r.params_m], ids=lambda row: row.label
+)
+def test_parameter_counts_are_close_to_the_papers(row):
+    # the paper counts about 2M more everywhere (its exact vocabulary is not given)
+    ours = paper_scale_parameters(at.apply_changes(PAPER_BASE, row.changes)) / 1e6
+    assert ours == pytest.approx(row.params_m, rel=0.07)
+
+
+def test_smaller_d_k_has_fewer_parameters():
+    """(B): only queries and keys shrink, 2 * d_model * h * (64 - d_k) per attention layer,
+    of which there are 3N (encoder self, decoder self, encoder-decoder)."""
+    base = paper_scale_parameters(PAPER_BASE)
+    for d_k in (16, 32):
+        fewer = base - paper_scale_parameters(at.apply_changes(PAPER_BASE, {"d_k": d_k}))
+        assert fewer == 3 * 6 * 2 * 512 * 8 * (64 - d_k)
+
+
+def test_learned_positions_add_one_table_per_stack():
+    """(E): a trained (max_len, d_model) table for the encoder's input and one for the
+    decoder's, in place of the fixed sinusoids, which have no parameters."""
+    for config in (PAPER_BASE, variations.SCALES["cpu"].base):
+        learned = at.apply_changes(config, {"positions": "learned"})
+        extra = paper_scale_parameters(learned) - paper_scale_parameters(config)
+        assert extra == 2 * config.model.max_len * config.model.d_model
+
+
+def test_an_unknown_field_is_refused():
+    with pytest.raises(ValueError, match="heads"):
+        at.apply_changes(PAPER_BASE, {"heads": 4})
+
+
+# ---- the rows at CPU scale -------------------------------------------------------------
+
+
+# every row but big (a GPU model) and (C) N=4 (shallower than the paper's base, but our base
+# has N=2 and the one shallower depth is (C) N=2's)
+CPU_LABELS = [r.label for r in at.TABLE3_ROWS if r.label not in ("big", "(C) N=4")]
+
+
+def test_cpu_rows_cover_the_papers_rows_but_two():
+    assert list(variations.CPU_ROWS) == CPU_LABELS
+
+
+def value_of(config, name):
+    """A field of a TrainConfig or of its model, with d_k and d_v resolved (None: d_model / h)."""
+    if name == "smoothing":
+        return config.smoothing
+    value = getattr(config.model, name)
+    return config.model.d_model // config.model.h if value is None else value
+
+
+@pytest.mark.parametrize(
+    "row", [r for r in at.TABLE3_ROWS if r.label in CPU_LABELS], ids=lambda row: row.label
+)
+def test_each_cpu_row_changes_the_papers_fields_in_the_papers_direction(row):
+    ours, cpu_base = variations.CPU_ROWS[row.label], variations.SCALES["cpu"].base
+    assert set(row.changes) <= set(ours)
+    scaled, paper = at.apply_changes(cpu_base, ours), at.apply_changes(PAPER_BASE, row.changes)
+    for name, value in row.changes.items():
+        if isinstance(value, str):
+            assert ours[name] == value
+            continue
+        ours_change = value_of(scaled, name) - value_of(cpu_base, name)
+        paper_change = value_of(paper, name) - value_of(PAPER_BASE, name)
+        assert ours_change * paper_change > 0, name
+    if row.group == "A":
+        assert scaled.model.h * scaled.model.d_k == scaled.model.d_model
+
+
+# ---- the command line ------------------------------------------------------------------
+
+
+@pytest.fixture
+def toy_data(monkeypatch):
+    monkeypatch.setattr(at, "load_multi30k", lambda split, data_dir=None: toy_pairs())
+    monkeypatch.setenv("RAYON_NUM_THREADS", "1")
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_command_line_writes_the_csv_and_skips_finished_runs(tmp_path, toy_data, capsys):
+    flags = ["--out", str(tmp_path), "--scale", "tiny", "--max-steps", "2", "--device", "cpu"]
+    flags += ["--vocab-size", "60", "--base-seeds", "2", "--rows", "base", "E"]
+    assert variations.main(flags) == 0
+    with open(tmp_path / "variations.csv", newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert list(rows[0]) == variations.COLUMNS
+    assert [(r["row"], r["seed"]) for r in rows] == [
+        ("base", "0"),
+        ("base", "1"),
+        ("(E) positions=learned", "0"),
+    ]
+    for r in rows:
+        assert r["steps"] == "2" and r["scale"] == "tiny" and r["decoding"] == "greedy"
+        assert 1 < float(r["val_ppl"]) < 60 * 1.5
+        assert 0 <= float(r["val_bleu"]) <= 100
+    assert rows[2]["positions"] == "learned"
+    assert int(rows[2]["params"]) - int(rows[0]["params"]) == 2 * 256 * 32
+    assert (tmp_path / "variations.log").exists()
+    capsys.readouterr()
+    assert variations.main(flags) == 0  # again: nothing left to do
+    assert capsys.readouterr().out.count("skipped") == 3
+    with open(tmp_path / "variations.csv", newline="") as file:
+        assert len(list(csv.DictReader(file))) == 3
+
+
+def test_command_line_refuses_an_unknown_row(tmp_path, toy_data, capsys):
+    assert variations.main(["--out", str(tmp_path), "--scale", "tiny", "--rows", "F"]) == 2
+    assert "unknown row(s) F" in capsys.readouterr().err
+
+
+def test_train_py_command_names_the_changed_flags():
+    config = at.apply_changes(variations.SCALES["cpu"].base, {"h": 1, "d_k": 128, "d_v": 128})
+    command = variations.train_py_command(config)
+    assert command.startswith("python code/train.py --profile quick --max-steps 300")
+    for flag in ("--h 1", "--d-k 128", "--d-v 128", "--d-model 128", "--vocab-size 4000"):
+        assert flag in command
