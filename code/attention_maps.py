@@ -1,0 +1,477 @@
+"""Attention weights of a trained model, for the paper's Figures 3-5 (chapter 7).
+
+    python code/attention_maps.py --checkpoint runs/cpu-long/checkpoint-0003000.pt \\
+        --out results/cpu-long/attention.json --also runs/cpu-long/checkpoint-0002[2468]00.pt
+
+For each of a few Multi30k validation sentences (chosen for German word order: separable
+verbs, verb-final subordinate clauses, relative and possessive pronouns, compounds) the
+model first translates the sentence (beam search, §6.1), then runs one teacher-forced
+forward pass on its own translation on the reference attention path, so the decoder's
+weights show what the model attended to while producing that output. The JSON holds, per
+sentence, the source and target tokens and every layer x head weight matrix of encoder
+self-attention, decoder self-attention and encoder-decoder attention, rounded to 3
+decimals. It also stores per-head statistics over the first 300 validation sentences (see
+`statistics`), the same numbers for uniform attention as a baseline, and, for each snapshot
+given with --also and for the last, the statistics and the weights of the marked links, to
+show which findings hold from one snapshot to the next.
+
+Row i of the decoder's matrices is the query at decoder input position i (the tokens
+`target_input`: <s> y_1 ... y_n-1); that position produces `target_output[i]`
+(y_1 ... y_n, the last usually </s>). Columns are keys: source tokens (`source`, ending in
+</s>) for encoder self-attention and encoder-decoder attention, `target_input` for
+decoder self-attention.
+"""
+
+import argparse
+import json
+import pathlib
+import sys
+
+import torch
+
+import annotated_transformer as at
+
+KINDS = ("encoder_self", "decoder_self", "encoder_decoder")
+
+# Multi30k validation sentences (index into the split), what each is meant to show, and the
+# source-side links to measure: (from word, to word, kind), the verb and its separated
+# particle (Figure 3's "making ... more difficult") or a pronoun and its antecedent (Figure 4).
+SENTENCES = [
+    ("val", 500, "separable verb 'zieht ... an' (puts on)", [("zieht", "an", "verb-particle")]),
+    (
+        "val",
+        953,
+        "separable verb 'nehmen ... auf' across 6 words; 'seine' refers to 'Sohn'",
+        [("nehmen", "auf", "verb-particle"), ("seine", "Sohn", "pronoun-antecedent")],
+    ),
+    ("val", 192, "separable 'auf ... zu' (towards)", [("rennt", "zu", "verb-particle")]),
+    ("val", 26, "separable 'lächelt ... zu' (smiles at)", [("lächelt", "zu", "verb-particle")]),
+    (
+        "val",
+        157,
+        "verb-final clause after 'während'; 'er' refers to 'Mann'",
+        [("er", "Mann", "pronoun-antecedent")],
+    ),
+    (
+        "val",
+        593,
+        "verb-final clause; possessive 'seine' (his) refers to 'Mann'",
+        [("seine", "Mann", "pronoun-antecedent")],
+    ),
+    (
+        "val",
+        774,
+        "relative pronoun 'das' refers to 'Kind'; verb-final 'trägt'",
+        [("das", "Kind", "pronoun-antecedent")],
+    ),
+    ("val", 868, "verb-final 'Schlagzeug spielt' (plays drums)", []),
+]
+
+
+def find_links(tokens, links):
+    """Resolve (from word, to word, kind) to token positions: the first token equal to each
+    word (a word the tokenizer split is not found and its link is dropped)."""
+    resolved = []
+    for word_from, word_to, kind in links:
+        if word_from in tokens and word_to in tokens:
+            resolved.append([tokens.index(word_from), tokens.index(word_to), kind])
+    return resolved
+
+
+def display_token(tokenizer, token_id):
+    """A token as a short label: the Metaspace marker dropped, specials kept as <s>, </s>."""
+    if token_id == at.BOS_ID:
+        return "<s>"
+    if token_id == at.EOS_ID:
+        return "</s>"
+    if token_id == at.PAD_ID:
+        return "<pad>"
+    token = tokenizer.id_to_token(token_id)
+    return token[1:] if token.startswith("▁") and len(token) > 1 else token
+
+
+def translate_ids(model, sources, beam_size=4, alpha=0.6, max_len=None):
+    """The model's own translations of source id lists, as target id lists (no <s>; the
+    last id is </s> unless the length limit stopped the hypothesis). max_len=None is the
+    paper's limit, input length + 50 (§6.1)."""
+    src = torch.full((len(sources), max(map(len, sources))), at.PAD_ID, dtype=torch.long)
+    for row, ids in enumerate(sources):
+        src[row, : len(ids)] = torch.tensor(ids)
+    src_mask = at.padding_mask(src, at.PAD_ID)
+    with torch.no_grad():
+        if beam_size == 1:
+            out = at.greedy_decode(model, src, src_mask, max_len=max_len)
+        else:
+            out = at.beam_search(model, src, src_mask, max_len, beam_size=beam_size, alpha=alpha)
+    targets = []
+    for row in out[:, 1:].tolist():
+        ids = []
+        for token in row:
+            if token == at.PAD_ID:
+                break
+            ids.append(token)
+            if token == at.EOS_ID:
+                break
+        targets.append(ids)
+    return targets
+
+
+def attention_weights(model, sources, targets):
+    """One teacher-forced forward pass of a padded batch on the reference attention path.
+    sources: source id lists (ending in </s>); targets: target id lists (y_1 ... y_n).
+    Returns, per sentence, {kind: tensor (N, h, seq_q, seq_k)} cropped to its real tokens:
+    encoder_self (N, h, S, S), decoder_self (N, h, T, T), encoder_decoder (N, h, T, S),
+    with S = len(source) and T = len(target); the decoder input is <s> y_1 ... y_n-1."""
+    inputs = [[at.BOS_ID] + ids[:-1] for ids in targets]
+    src = torch.full((len(sources), max(map(len, sources))), at.PAD_ID, dtype=torch.long)
+    tgt = torch.full((len(inputs), max(map(len, inputs))), at.PAD_ID, dtype=torch.long)
+    for row, (s, t) in enumerate(zip(sources, inputs)):
+        src[row, : len(s)] = torch.tensor(s)
+        tgt[row, : len(t)] = torch.tensor(t)
+    fused = [m.fused for m in model.modules() if isinstance(m, at.MultiHeadedAttention)]
+    at.use_fused_attention(model, False)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(src, tgt, at.padding_mask(src, at.PAD_ID), at.target_mask(tgt, at.PAD_ID))
+        stacked = {
+            "encoder_self": [layer.self_attn.weights for layer in model.encoder.layers],
+            "decoder_self": [layer.self_attn.weights for layer in model.decoder.layers],
+            "encoder_decoder": [layer.src_attn.weights for layer in model.decoder.layers],
+        }
+        # (N, batch, h, seq_q, seq_k) -> per sentence (N, h, seq_q, seq_k)
+        stacked = {kind: torch.stack(ws).transpose(0, 1) for kind, ws in stacked.items()}
+    finally:
+        modules = [m for m in model.modules() if isinstance(m, at.MultiHeadedAttention)]
+        for module, flag in zip(modules, fused):
+            module.fused = flag
+        model.train(was_training)
+    results = []
+    for row, (s, t) in enumerate(zip(sources, targets)):
+        S, T = len(s), len(t)
+        results.append(
+            {
+                "encoder_self": stacked["encoder_self"][row, :, :, :S, :S],
+                "decoder_self": stacked["decoder_self"][row, :, :, :T, :T],
+                "encoder_decoder": stacked["encoder_decoder"][row, :, :, :T, :S],
+            }
+        )
+    return results
+
+
+def extract(model, tokenizer, sentences, beam_size=4, alpha=0.6, max_len=None):
+    """Translate German `sentences` (list of str) and return one record per sentence:
+    source/target ids and display tokens, the translation, and the weights of every layer
+    and head as tensors (see attention_weights)."""
+    sources = [tokenizer.encode(s).ids + [at.EOS_ID] for s in sentences]
+    targets = translate_ids(model, sources, beam_size, alpha, max_len)
+    weights = attention_weights(model, sources, targets)
+    records = []
+    for sentence, s, t, w in zip(sentences, sources, targets, weights):
+        records.append(
+            {
+                "text": sentence,
+                "translation": tokenizer.decode(t, skip_special_tokens=True),
+                "source_ids": s,
+                "target_ids": t,
+                "source": [display_token(tokenizer, i) for i in s],
+                "target_input": [display_token(tokenizer, i) for i in [at.BOS_ID] + t[:-1]],
+                "target_output": [display_token(tokenizer, i) for i in t],
+                "attention": w,
+            }
+        )
+    return records
+
+
+# A small German -> English lexicon of frequent Multi30k content words (ours, by hand):
+# an output token and a source token it translates count as an aligned pair, so a head
+# that tracks alignment can be scored without a word aligner.
+LEXICON = """
+Mann: man | Männer: men | Frau: woman | Frauen: women | Hund: dog | Hunde: dogs
+Junge: boy | Jungen: boys | Mädchen: girl | Kind: child | Kinder: children | Baby: baby
+Menschen: people | Leute: people | Person: person | Gruppe: group | Wasser: water
+Straße: street | Strand: beach | Boot: boat | Gras: grass | Schnee: snow | Ball: ball
+Buch: book | Hut: hat | Bühne: stage | Band: band | Park: park | Stuhl: chair
+Gitarre: guitar | Mikrofon: microphone | Gesicht: face | Hand: hand | Baum: tree
+Foto: picture photo | Bild: picture photo | Helm: helmet | Meer: ocean sea | Kirche: church
+Kamera: camera | Hintergrund: background | Rucksack: backpack | Schlagzeug: drums
+Eltern: parents | Sohn: son | Shirt: shirt | Hemd: shirt | Zwei: two | zwei: two
+Drei: three | Vier: four | sitzt: sitting sits | sitzen: sitting sit
+steht: standing stands | stehen: standing stand | spielt: playing plays
+spielen: playing play | hält: holding holds | trägt: wearing wears carrying
+rennt: running runs | läuft: running walking runs walks | springt: jumping jumps
+singt: singing sings | lächelt: smiling smiles | liegt: lying laying
+fährt: riding rides driving | während: while | neben: next | hinter: behind | unter: under
+schwarzen: black | schwarzer: black | schwarze: black | weißen: white | weißer: white
+weiße: white | roten: red | rote: red | rot: red | blauen: blue | gelben: yellow
+grünen: green | braunen: brown | brauner: brown | braune: brown | großen: large big
+kleines: small little | kleinen: small little | kleiner: small little | kleine: small little
+seine: his | seinem: his | seinen: his | ihrem: her | ihre: her
+"""
+LEXICON = {
+    german.strip(): set(english.split())
+    for entry in LEXICON.replace("\n", " | ").split(" | ")
+    if entry.strip()
+    for german, english in [entry.split(":")]
+}
+PUNCTUATION = {".", ",", "</s>"}
+
+
+def aligned_pairs(source, target_output, lexicon=LEXICON):
+    """(target position, [source positions]) for each output token that translates a
+    source token according to `lexicon`."""
+    pairs = []
+    for t, token in enumerate(target_output):
+        positions = [j for j, word in enumerate(source) if token.lower() in lexicon.get(word, ())]
+        if positions:
+            pairs.append((t, positions))
+    return pairs
+
+
+def self_attention_statistics(weights, keys):
+    """Per-head statistics of self-attention weights (h, T, T) over tokens `keys`, each a
+    mean over the query rows: weight on the query itself (`self`), on the previous and the
+    next token, on punctuation and </s> or <s> (`punct_eos`), the weighted mean offset of
+    the keys from the query (`offset`: negative = looks back), the weighted mean distance,
+    the weight on keys 4 or more tokens away (`far`) and the largest weight of a row
+    (`peak`: 1 is hard attention on one token). Returns a list of dicts."""
+    weights = weights.float()
+    T = weights.size(-1)
+    position = torch.arange(T)
+    offset = (position.view(1, -1) - position.view(-1, 1)).float()  # key minus query
+    special = [j for j, token in enumerate(keys) if token in PUNCTUATION or token == "<s>"]
+    rows = []
+    for head in weights:
+        rows.append(
+            {
+                "self": head.diagonal().mean().item(),
+                "previous": head.diagonal(-1).mean().item() if T > 1 else 0.0,
+                "next": head.diagonal(1).mean().item() if T > 1 else 0.0,
+                "punct_eos": head[:, special].sum(-1).mean().item(),
+                "offset": (head * offset).sum(-1).mean().item(),
+                "distance": (head * offset.abs()).sum(-1).mean().item(),
+                "far": (head * (offset.abs() >= 4)).sum(-1).mean().item(),
+                "peak": head.max(-1).values.mean().item(),
+            }
+        )
+    return rows
+
+
+def source_attention_statistics(weights, source, target_output, lexicon=LEXICON):
+    """Per-head statistics of encoder-decoder weights (h, T, S): weight on punctuation and
+    </s> (`punct_eos`), the largest weight of a row (`peak`), and for the output tokens that
+    `lexicon` pairs with a source token, how often the head's largest weight falls on that
+    token (`aligned`, out of `pairs`) and its mean weight there. `diagonal` is the same hit
+    rate for a head that read the source in order (key = query position scaled by S/T),
+    `chance` for one that picked a source token at random; `reordered_aligned` counts the
+    hits among the `reordered_pairs`, whose source token lies 3 or more tokens off that
+    diagonal (German word order differs there), `reordered_chance` the random hit rate
+    there. Returns a list of dicts."""
+    weights = weights.float()
+    _, T, S = weights.shape
+    pairs = aligned_pairs(source, target_output, lexicon)
+    diagonal = {t: round(t * (S - 1) / max(T - 1, 1)) for t, _ in pairs}
+    reordered = [(t, js) for t, js in pairs if min(abs(j - diagonal[t]) for j in js) >= 3]
+    special = [j for j, token in enumerate(source) if token in PUNCTUATION]
+    rows = []
+    for head in weights:
+        argmax = head.argmax(-1).tolist()
+        rows.append(
+            {
+                "punct_eos": head[:, special].sum(-1).mean().item(),
+                "peak": head.max(-1).values.mean().item(),
+                "pairs": len(pairs),
+                "aligned": sum(argmax[t] in js for t, js in pairs),
+                "aligned_weight": sum(head[t, js].sum().item() for t, js in pairs),
+                "diagonal": sum(diagonal[t] in js for t, js in pairs),
+                "chance": sum(len(js) / S for _, js in pairs),
+                "reordered_pairs": len(reordered),
+                "reordered_aligned": sum(argmax[t] in js for t, js in reordered),
+                "reordered_chance": sum(len(js) / S for _, js in reordered),
+            }
+        )
+    return rows
+
+
+def statistics(records):
+    """The statistics above for every kind, layer and head, summed or averaged over the
+    records: self-attention statistics are means over sentences, the alignment counts of
+    encoder-decoder attention are totals over all aligned pairs (aligned_weight and chance
+    become means per pair). Returns {kind: [{"layer", "head", ...}, ...]}."""
+    totals = {}
+    for record in records:
+        attention = record["attention"]
+        per_kind = {
+            "encoder_self": (attention["encoder_self"], record["source"]),
+            "decoder_self": (attention["decoder_self"], record["target_input"]),
+        }
+        for kind, (weights, keys) in per_kind.items():
+            for layer, layer_weights in enumerate(weights):
+                for head, row in enumerate(self_attention_statistics(layer_weights, keys)):
+                    totals.setdefault((kind, layer, head), []).append(row)
+        for layer, layer_weights in enumerate(attention["encoder_decoder"]):
+            rows = source_attention_statistics(
+                layer_weights, record["source"], record["target_output"]
+            )
+            for head, row in enumerate(rows):
+                totals.setdefault(("encoder_decoder", layer, head), []).append(row)
+    result = {kind: [] for kind in KINDS}
+    for (kind, layer, head), rows in totals.items():
+        entry = {"layer": layer + 1, "head": head + 1}
+        if kind == "encoder_decoder":
+            pairs = sum(r["pairs"] for r in rows)
+            reordered = sum(r["reordered_pairs"] for r in rows)
+            counted = ("aligned", "diagonal", "chance", "aligned_weight")
+            entry["pairs"] = pairs
+            entry.update({k: sum(r[k] for r in rows) / max(pairs, 1) for k in counted})
+            entry["reordered_pairs"] = reordered
+            for k in ("reordered_aligned", "reordered_chance"):
+                entry[k] = sum(r[k] for r in rows) / max(reordered, 1)
+            entry.update({k: sum(r[k] for r in rows) / len(rows) for k in ("punct_eos", "peak")})
+        else:
+            entry.update({k: sum(r[k] for r in rows) / len(rows) for k in rows[0]})
+        result[kind].append(
+            {k: round(v, 3) if isinstance(v, float) else v for k, v in entry.items()}
+        )
+    return result
+
+
+def uniform_like(record):
+    """The record with every weight matrix replaced by uniform attention over the keys each
+    query may see (all of them; the decoder's self-attention only up to itself): the
+    baseline a head's statistics are read against. One layer, one head."""
+    attention = {}
+    for kind, weights in record["attention"].items():
+        q, k = weights.shape[-2:]
+        allowed = torch.ones(q, k)
+        if kind == "decoder_self":
+            allowed = torch.tril(allowed)
+        attention[kind] = (allowed / allowed.sum(-1, keepdim=True)).view(1, 1, q, k)
+    return {**record, "attention": attention}
+
+
+def to_json(records, decimals=3, **metadata):
+    """The records as a JSON-ready dict: tensors become nested lists rounded to `decimals`."""
+    sentences = []
+    for record in records:
+        entry = {k: v for k, v in record.items() if k != "attention"}
+        entry["attention"] = {
+            kind: torch.round(record["attention"][kind].float(), decimals=decimals).tolist()
+            for kind in KINDS
+        }
+        sentences.append(entry)
+    return {**metadata, "kinds": list(KINDS), "sentences": sentences}
+
+
+def load(path):
+    """Read a JSON written by this script; the weights come back as tensors (N, h, q, k)."""
+    data = json.loads(pathlib.Path(path).read_text())
+    for entry in data["sentences"]:
+        entry["attention"] = {k: torch.tensor(v) for k, v in entry["attention"].items()}
+    return data
+
+
+def analyse(checkpoint, chosen, sample, beam_size=4, alpha=0.6):
+    """Load a checkpoint; extract the chosen sentences' records (with their links resolved)
+    and the head statistics over the `sample` sentences. Returns (payload, records,
+    statistics, uniform baseline statistics)."""
+    model, tokenizer = at.load_checkpoint(checkpoint)
+    payload = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    records = extract(model, tokenizer, [de for *_, de, _ in chosen], beam_size, alpha)
+    for record, (split, i, why, links, _, en) in zip(records, chosen):
+        links = find_links(record["source"], links)
+        record.update(split=split, index=i, shows=why, reference=en, links=links)
+    sample_records = []
+    for start in range(0, len(sample), 50):
+        sample_records += extract(model, tokenizer, sample[start : start + 50], beam_size, alpha)
+    stats = {"sentences": len(sample_records), **statistics(sample_records)}
+    uniform = {k: v[0] for k, v in statistics(map(uniform_like, sample_records)).items()}
+    return payload, records, stats, uniform
+
+
+def link_weights(records):
+    """For each marked link, the encoder self-attention weight from its first word to its
+    second in every layer and head: [{"sentence", "link", "kind", "weights" (N x h)}]."""
+    return [
+        {
+            "sentence": record["index"],
+            "link": f"{record['source'][query]} → {record['source'][key]}",
+            "kind": kind,
+            "weights": record["attention"]["encoder_self"][:, :, query, key]
+            .round(decimals=3)
+            .tolist(),
+        }
+        for record in records
+        for query, key, kind in record["links"]
+    ]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--checkpoint", type=pathlib.Path, required=True)
+    parser.add_argument("--out", type=pathlib.Path, required=True)
+    parser.add_argument(
+        "--also",
+        type=pathlib.Path,
+        nargs="*",
+        default=[],
+        help="earlier snapshots of the same run: their link weights and head statistics are "
+        "stored too, to show which findings hold from one snapshot to the next",
+    )
+    parser.add_argument("--data-dir", type=pathlib.Path, default=None, help="Multi30k folder")
+    parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--alpha", type=float, default=0.6)
+    parser.add_argument(
+        "--sample", type=int, default=300, help="validation sentences for the head statistics"
+    )
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    splits = {split: at.load_multi30k(split, data_dir=args.data_dir) for split, *_ in SENTENCES}
+    chosen = [(split, i, why, links, *splits[split][i]) for split, i, why, links in SENTENCES]
+    val = splits.get("val") or at.load_multi30k("val", data_dir=args.data_dir)
+    sample = [de for de, _ in val[: args.sample]]
+    options = {"beam_size": args.beam_size, "alpha": args.alpha}
+    snapshots = []
+    for checkpoint in args.also:
+        payload, records, stats, _ = analyse(checkpoint, chosen, sample, **options)
+        snapshots.append(
+            {
+                "checkpoint": str(checkpoint),
+                "step": payload.get("step"),
+                "links": link_weights(records),
+                "statistics": stats,
+            }
+        )
+    payload, records, stats, uniform = analyse(args.checkpoint, chosen, sample, **options)
+    snapshots.append(
+        {
+            "checkpoint": str(args.checkpoint),
+            "step": payload.get("step"),
+            "links": link_weights(records),
+            "statistics": stats,
+        }
+    )
+    data = to_json(
+        records,
+        statistics=stats,
+        uniform=uniform,
+        snapshots=snapshots,
+        checkpoint=str(args.checkpoint),
+        step=payload.get("step"),
+        config=payload["config"],
+        decoding=f"beam {args.beam_size}, alpha {args.alpha}" if args.beam_size > 1 else "greedy",
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n")
+    size = args.out.stat().st_size
+    print(f"wrote {args.out} ({size / 1e6:.2f} MB): {len(records)} sentences, step {data['step']}")
+    for record in records:
+        print(f"  {record['text']}\n    -> {record['translation']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

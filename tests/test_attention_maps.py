@@ -1,0 +1,168 @@
+"""code/attention_maps.py: the attention weights it extracts for chapter 7 (Figures 3-5)."""
+
+import json
+
+import pytest
+import torch
+
+import annotated_transformer as at
+import attention_maps
+
+PAIRS = [
+    ("Ein Mann zieht eine Jacke an.", "A man puts on a jacket."),
+    ("Eine Frau singt, während ein Mann spielt.", "A woman sings while a man plays."),
+    ("Ein Hund rennt durch das Gras.", "A dog runs through the grass."),
+    ("Zwei Kinder spielen im Park.", "Two children play in the park."),
+]
+# of different lengths, so the batch is padded
+SENTENCES = ["Ein Mann singt.", "Eine Frau zieht einem kleinen Hund eine Jacke an.", "Ein Hund"]
+
+
+@pytest.fixture(scope="module")
+def records():
+    tokenizer = at.train_bpe(PAIRS, vocab_size=120)
+    vocab = tokenizer.get_vocab_size()
+    torch.manual_seed(0)
+    model = at.make_model(vocab, vocab, N=2, d_model=32, d_ff=64, h=4, share_embeddings=True)
+    sources = [tokenizer.encode(s).ids + [at.EOS_ID] for s in SENTENCES]
+    model.eval()
+    # an untrained model rarely ends by itself: 8 tokens at most keep the test fast
+    targets = attention_maps.translate_ids(model, sources, max_len=8)
+    extracted = attention_maps.extract(model, tokenizer, SENTENCES, max_len=8)
+    return model, tokenizer, sources, targets, extracted
+
+
+def test_shapes_match_the_token_counts(records):
+    model, _, _, _, extracted = records
+    N, h = len(model.encoder.layers), model.encoder.layers[0].self_attn.h
+    for record in extracted:
+        S, T = len(record["source"]), len(record["target_output"])
+        assert S == len(record["source_ids"]) and T == len(record["target_input"])
+        assert record["target_input"][0] == "<s>" and record["source"][-1] == "</s>"
+        assert record["attention"]["encoder_self"].shape == (N, h, S, S)
+        assert record["attention"]["decoder_self"].shape == (N, h, T, T)
+        assert record["attention"]["encoder_decoder"].shape == (N, h, T, S)
+
+
+def test_rows_are_distributions_over_real_tokens(records):
+    for record in records[-1]:
+        for kind in attention_maps.KINDS:
+            weights = record["attention"][kind]
+            assert (weights >= 0).all()
+            sums = weights.sum(-1)  # cropped to the real keys: padding got no weight
+            assert torch.allclose(sums, torch.ones_like(sums), atol=1e-5), kind
+
+
+def test_padding_gets_no_weight():
+    """The batch is padded to its longest sentence; what the crop removes must be zero."""
+    torch.manual_seed(0)
+    model = at.make_model(20, 20, N=1, d_model=16, d_ff=32, h=2).eval()
+    sources, targets = [[5, 6, 7, at.EOS_ID], [5, at.EOS_ID]], [[8, 9, at.EOS_ID], [8]]
+    short = attention_maps.attention_weights(model, sources[1:], targets[1:])[0]
+    batched = attention_maps.attention_weights(model, sources, targets)[1]
+    for kind in attention_maps.KINDS:
+        assert torch.allclose(short[kind], batched[kind], atol=1e-6), kind
+
+
+def test_decoder_self_attention_is_lower_triangular(records):
+    for record in records[-1]:
+        weights = record["attention"]["decoder_self"]
+        T = weights.size(-1)
+        above = ~torch.tril(torch.ones(T, T, dtype=torch.bool))
+        assert (weights[..., above] == 0).all()
+
+
+def test_decoder_input_is_the_models_own_translation_shifted_right(records):
+    _, _, _, targets, extracted = records
+    for record, target in zip(extracted, targets):
+        assert record["target_ids"] == target
+        assert record["target_input"][1:] == record["target_output"][:-1]
+
+
+def test_extraction_restores_the_fused_path(records):
+    model = records[0]
+    assert all(m.fused for m in model.modules() if isinstance(m, at.MultiHeadedAttention))
+
+
+def test_json_round_trips(records, tmp_path):
+    extracted = records[-1]
+    data = attention_maps.to_json(extracted, checkpoint="none", step=0)
+    path = tmp_path / "attention.json"
+    path.write_text(json.dumps(data))
+    loaded = attention_maps.load(path)
+    assert loaded["step"] == 0 and loaded["kinds"] == list(attention_maps.KINDS)
+    for record, entry in zip(extracted, loaded["sentences"]):
+        assert entry["source"] == record["source"]
+        assert entry["target_output"] == record["target_output"]
+        for kind in attention_maps.KINDS:
+            assert entry["attention"][kind].shape == record["attention"][kind].shape
+            assert torch.allclose(entry["attention"][kind], record["attention"][kind], atol=5e-4)
+
+
+def test_links_resolve_to_token_positions():
+    tokens = ["Ein", "Mann", "zieht", "sich", "an", ".", "</s>"]
+    links = [("zieht", "an", "verb-particle"), ("er", "Mann", "pronoun-antecedent")]
+    assert attention_maps.find_links(tokens, links) == [[2, 4, "verb-particle"]]
+
+
+def record_with(weights, source, target_output):
+    """A record whose three kinds all hold `weights` (1, h, T, T) and tokens as given."""
+    return {
+        "source": source,
+        "target_input": ["<s>"] + target_output[:-1],
+        "target_output": target_output,
+        "attention": {kind: weights for kind in attention_maps.KINDS},
+    }
+
+
+def test_statistics_read_known_patterns():
+    T = 5
+    # head 1 attends to itself, head 2 to the previous token (the first row to itself)
+    diagonal = torch.eye(T)
+    previous = torch.diag(torch.ones(T - 1), -1)
+    previous[0, 0] = 1.0
+    weights = torch.stack([diagonal, previous]).unsqueeze(0)
+    source = ["Ein", "Mann", "singt", ".", "</s>"]
+    record = record_with(weights, source, ["A", "man", "sings", ".", "</s>"])
+    stats = attention_maps.statistics([record])
+    own, back = stats["encoder_self"]
+    assert own["self"] == 1.0 and own["previous"] == 0.0 and own["distance"] == 0.0
+    assert back["previous"] == 1.0 and back["offset"] == -0.8 and back["peak"] == 1.0
+    # "man" and "sings" are aligned pairs (the lexicon); the diagonal head hits both
+    aligned = stats["encoder_decoder"][0]
+    assert aligned["pairs"] == 2 and aligned["aligned"] == 1.0 and aligned["chance"] == 0.2
+
+
+def test_uniform_baseline():
+    weights = torch.zeros(1, 1, 4, 4)
+    record = record_with(weights, ["a", "b", "c", "</s>"], ["x", "y", "z", "</s>"])
+    uniform = attention_maps.uniform_like(record)["attention"]
+    assert torch.allclose(uniform["encoder_self"], torch.full((1, 1, 4, 4), 0.25))
+    assert torch.allclose(uniform["decoder_self"][0, 0, 1], torch.tensor([0.5, 0.5, 0, 0]))
+    stats = attention_maps.statistics([attention_maps.uniform_like(record)])
+    assert stats["encoder_self"][0]["self"] == 0.25
+
+
+def test_attention_grid_draws_every_layer_and_head():
+    import plots
+
+    weights = torch.rand(2, 3, 4, 5).softmax(-1)
+    fig = plots.attention_grid(weights, list("abcd"), list("vwxyz"), "grid")
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == [f"layer {n}, head {h}" for n in (1, 2) for h in (1, 2, 3)]
+    with pytest.raises(ValueError, match="3 query and 5 key tokens"):
+        plots.attention_grid(weights, list("abc"), list("vwxyz"), "grid")
+
+
+def test_attention_lines_draw_one_line_per_weight_above_threshold():
+    import plots
+
+    weights = torch.zeros(2, 4, 4)
+    weights[0, 1, 3], weights[1, 1, 0], weights[1, 2, 2], weights[0, 1, 2] = 0.9, 0.6, 0.9, 0.01
+    one_row = plots.attention_lines(weights, list("abcd"), 1, "row of b").axes[0]
+    assert sorted((tuple(l.get_xdata()), l.get_alpha()) for l in one_row.lines) == [
+        ((1, 0), pytest.approx(0.6)),
+        ((1, 3), pytest.approx(0.9)),
+    ]
+    one_head = plots.attention_lines(weights, list("abcd"), None, "head 2", heads=[1]).axes[0]
+    assert sorted(tuple(l.get_xdata()) for l in one_head.lines) == [(1, 0), (2, 2)]
