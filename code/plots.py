@@ -2,6 +2,7 @@
 returns it; the model module never imports matplotlib."""
 
 import matplotlib.pyplot as plt
+import numpy as np
 import seaborn as sns
 import torch
 
@@ -317,8 +318,8 @@ def ppl_vs_params(labels, paper_params, paper_ppl, our_params, our_ppl, title=No
     the same row (labels). Points below 1 are better than the base row."""
 
     def relative(values):
-        values = torch.as_tensor(_as_array(values), dtype=torch.float64)
-        return (values / values[0]).numpy()
+        values = np.array(_as_array(values), dtype=np.float64)  # a copy: pandas' may be read-only
+        return values / values[0]
 
     paper = relative(paper_params), relative(paper_ppl)
     ours = relative(our_params), relative(our_ppl)
