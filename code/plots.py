@@ -401,7 +401,7 @@ def attention_lines(weights, tokens, query, title, heads=None, threshold=0.05):
     heads = list(range(h)) if heads is None else list(heads)
     queries = range(seq) if query is None else [query]
     colours = sns.color_palette("tab10", h)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * seq), 2.6))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * seq), 3.2))
     for head in heads:
         for q in queries:
             for k in range(seq):
@@ -428,9 +428,9 @@ def attention_lines(weights, tokens, query, title, heads=None, threshold=0.05):
         fontsize=7,
         ncol=min(len(heads), 8),
         loc="upper center",
-        bbox_to_anchor=(0.5, -0.45),
+        bbox_to_anchor=(0.5, 0.02),
         frameon=False,
     )
-    ax.set(xlim=(-0.7, seq - 0.3), ylim=(-0.9, 1.9), title=title)
+    ax.set(xlim=(-0.7, seq - 0.3), ylim=(-1.0, 1.75), title=title)
     ax.axis("off")
     return fig

@@ -7,23 +7,12 @@ import math
 
 import pytest
 import torch
+from test_training import toy_pairs
 
 import annotated_transformer as at
 import variations
 
 PAPER_BASE = at.TrainConfig(model=dataclasses.replace(at.BASE, share_embeddings=True))
-WORDS = "a man woman dog runs sits on the red blue big small ball street grass".split()
-
-
-def toy_pairs(n=40, seed=0):
-    """Made-up sentence pairs with varied lengths (a 'translation' that reverses words)."""
-    generator = torch.Generator().manual_seed(seed)
-    pairs = []
-    for _ in range(n):
-        length = int(torch.randint(2, 9, (1,), generator=generator))
-        words = [WORDS[int(i)] for i in torch.randint(len(WORDS), (length,), generator=generator)]
-        pairs.append((" ".join(words), " ".join(reversed(words))))
-    return pairs
 
 
 def random_ids(n, vocab, seed=0):
@@ -210,7 +199,7 @@ def test_each_cpu_row_changes_the_papers_fields_in_the_papers_direction(row):
 
 @pytest.fixture
 def toy_data(monkeypatch):
-    monkeypatch.setattr(at, "load_multi30k", lambda split, data_dir=None: toy_pairs())
+    monkeypatch.setattr(at, "load_multi30k", lambda split, data_dir=None: toy_pairs(40))
     monkeypatch.setenv("RAYON_NUM_THREADS", "1")
     threads = torch.get_num_threads()
     yield
