@@ -122,19 +122,16 @@ def attention_weights(model, sources, targets):
     Returns, per sentence, {kind: tensor (N, h, seq_q, seq_k)} cropped to its real tokens:
     encoder_self (N, h, S, S), decoder_self (N, h, T, T), encoder_decoder (N, h, T, S),
     with S = len(source) and T = len(target); the decoder input is <s> y_1 ... y_n-1."""
-    inputs = [[at.BOS_ID] + ids[:-1] for ids in targets]
-    src = torch.full((len(sources), max(map(len, sources))), at.PAD_ID, dtype=torch.long)
-    tgt = torch.full((len(inputs), max(map(len, inputs))), at.PAD_ID, dtype=torch.long)
-    for row, (s, t) in enumerate(zip(sources, inputs)):
-        src[row, : len(s)] = torch.tensor(s)
-        tgt[row, : len(t)] = torch.tensor(t)
-    fused = [m.fused for m in model.modules() if isinstance(m, at.MultiHeadedAttention)]
+    # the targets with <s> in front: Batch's decoder input is then <s> y_1 ... y_n-1
+    batch = at.Batch.from_ids([(s, [at.BOS_ID] + t) for s, t in zip(sources, targets)])
+    modules = [m for m in model.modules() if isinstance(m, at.MultiHeadedAttention)]
+    fused = [m.fused for m in modules]
     at.use_fused_attention(model, False)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            model(src, tgt, at.padding_mask(src, at.PAD_ID), at.target_mask(tgt, at.PAD_ID))
+            model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
         stacked = {
             "encoder_self": [layer.self_attn.weights for layer in model.encoder.layers],
             "decoder_self": [layer.self_attn.weights for layer in model.decoder.layers],
@@ -143,7 +140,6 @@ def attention_weights(model, sources, targets):
         # (N, batch, h, seq_q, seq_k) -> per sentence (N, h, seq_q, seq_k)
         stacked = {kind: torch.stack(ws).transpose(0, 1) for kind, ws in stacked.items()}
     finally:
-        modules = [m for m in model.modules() if isinstance(m, at.MultiHeadedAttention)]
         for module, flag in zip(modules, fused):
             module.fused = flag
         model.train(was_training)
@@ -435,8 +431,8 @@ def main(argv=None):
     sample = [de for de, _ in val[: args.sample]]
     options = {"beam_size": args.beam_size, "alpha": args.alpha}
     snapshots = []
-    for checkpoint in args.also:
-        payload, records, stats, _ = analyse(checkpoint, chosen, sample, **options)
+    for checkpoint in [*args.also, args.checkpoint]:  # the last one is the one drawn
+        payload, records, stats, uniform = analyse(checkpoint, chosen, sample, **options)
         snapshots.append(
             {
                 "checkpoint": str(checkpoint),
@@ -445,15 +441,6 @@ def main(argv=None):
                 "statistics": stats,
             }
         )
-    payload, records, stats, uniform = analyse(args.checkpoint, chosen, sample, **options)
-    snapshots.append(
-        {
-            "checkpoint": str(args.checkpoint),
-            "step": payload.get("step"),
-            "links": link_weights(records),
-            "statistics": stats,
-        }
-    )
     data = to_json(
         records,
         statistics=stats,

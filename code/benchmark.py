@@ -458,21 +458,12 @@ RATIOS = [
 def fixed_batch(pairs, src_len, tgt_len, device):
     """A Batch of (source ids, target ids) pairs padded to fixed lengths: src_len source
     tokens and tgt_len decoder inputs (targets carry <s> ... </s>)."""
-    src = torch.full((len(pairs), src_len), at.PAD_ID, dtype=torch.long)
-    tgt = torch.full((len(pairs), tgt_len + 1), at.PAD_ID, dtype=torch.long)
-    for i, (s, t) in enumerate(pairs):
-        src[i, : len(s)] = torch.tensor(s)
-        tgt[i, : len(t)] = torch.tensor(t)
-    tgt_in, tgt_y = tgt[:, :-1], tgt[:, 1:]
-    batch = at.Batch(
-        src,
-        tgt_in,
-        tgt_y,
-        at.padding_mask(src, at.PAD_ID),
-        at.target_mask(tgt_in, at.PAD_ID),
-        int((tgt_y != at.PAD_ID).sum()),
-    )
-    return batch.to(device)
+
+    def padded(ids, length):
+        return ids + [at.PAD_ID] * (length - len(ids))
+
+    fixed = [(padded(s, src_len), padded(t, tgt_len + 1)) for s, t in pairs]
+    return at.Batch.from_ids(fixed).to(device)
 
 
 def random_pairs(n, vocab, src_len, tgt_len, generator):
