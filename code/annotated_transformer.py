@@ -222,6 +222,12 @@ class MultiHeadedAttention(nn.Module):
         (batch, h, seq_k, d_k), value (batch, h, seq_k, d_v) -> (batch, seq_q, d_model).
         The decoder's key/value cache (§6.1) calls this with keys and values it kept."""
         batch = query.size(0)
+        if mask is not None and mask.dtype != torch.bool:
+            # a float 0/1 mask would be added to the scores by the fused path: refuse it
+            raise TypeError(
+                f"mask must be a bool tensor, True where attending is allowed, got "
+                f"{mask.dtype}; build it with padding_mask/target_mask, or pass mask != 0"
+            )
         if mask is not None:
             mask = mask.unsqueeze(1)  # one mask for all heads: (batch, 1, seq_q or 1, seq_k)
         if self.fused:
@@ -535,6 +541,7 @@ def count_parameters(model):
 # 5 Training, from chapters/05_training.ipynb
 # --------------------------------------------------------------------------------------
 
+import contextlib
 import dataclasses
 import gzip
 import hashlib
@@ -542,11 +549,16 @@ import json
 import os
 import pathlib
 import shutil
+import socket
 import tempfile
 import time
+import typing
 import urllib.error
 import urllib.request
+import warnings
+from dataclasses import field
 
+import sacrebleu
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from tqdm import tqdm
 
@@ -583,9 +595,8 @@ def default_cache_dir():
 
 
 def download(url, path, sha256):
-    """Fetch url to path, verified. The bytes land in a temporary file in the same folder
-    and are renamed into place only once their checksum matches, so an interrupted or
-    corrupt download is never mistaken for a good file."""
+    """Fetch url to path, verified: the bytes go to a temporary file in the same folder,
+    renamed into place only once their checksum matches."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(
@@ -711,23 +722,27 @@ class Batch:
     ntokens: int
 
     @classmethod
+    def from_tensors(cls, src, tgt, ntokens=None, pad_id=PAD_ID):
+        """A Batch from padded source and target ids (target with <s> and </s>). ntokens,
+        when the caller knows it, saves counting on the device."""
+        tgt_in, tgt_y = tgt[:, :-1], tgt[:, 1:]
+        if ntokens is None:
+            ntokens = int((tgt_y != pad_id).sum())
+        masks = padding_mask(src, pad_id), target_mask(tgt_in, pad_id)
+        return cls(src, tgt_in, tgt_y, *masks, ntokens)
+
+    @classmethod
     def from_ids(cls, pairs, pad_id=PAD_ID):
         """Pad a list of (source ids, target ids) into one Batch."""
-        src = nn.utils.rnn.pad_sequence(
-            [torch.tensor(s) for s, _ in pairs], batch_first=True, padding_value=pad_id
+        if not pairs:
+            raise ValueError("Batch.from_ids needs at least one (source ids, target ids) pair")
+        src, tgt = (
+            nn.utils.rnn.pad_sequence(
+                [torch.tensor(pair[side]) for pair in pairs], batch_first=True, padding_value=pad_id
+            )
+            for side in (0, 1)
         )
-        tgt = nn.utils.rnn.pad_sequence(
-            [torch.tensor(t) for _, t in pairs], batch_first=True, padding_value=pad_id
-        )
-        tgt_in, tgt_y = tgt[:, :-1], tgt[:, 1:]
-        return cls(
-            src,
-            tgt_in,
-            tgt_y,
-            padding_mask(src, pad_id),
-            target_mask(tgt_in, pad_id),
-            int((tgt_y != pad_id).sum()),
-        )
+        return cls.from_tensors(src, tgt, sum(len(t) - 1 for _, t in pairs), pad_id)
 
     def to(self, device):
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -741,8 +756,12 @@ def batch_by_tokens(lengths, max_tokens, seed=0, shuffle=True):
     lengths: (source length, target length) per pair. Returns lists of pair indices whose
     padded source and padded target each hold at most max_tokens tokens. Pairs are sorted
     by length (ties broken at random by `seed`), cut greedily, and the batches shuffled."""
-    if max_tokens < max(max(s, t) for s, t in lengths):
-        raise ValueError(f"max_tokens={max_tokens} is smaller than the longest sentence")
+    longest = max(max(s, t) for s, t in lengths)
+    if max_tokens < longest:
+        raise ValueError(
+            f"max_tokens={max_tokens} is smaller than the longest sentence ({longest} "
+            f"tokens); raise max_tokens to at least {longest}"
+        )
     generator = torch.Generator().manual_seed(seed)
     jitter = torch.rand(len(lengths), generator=generator).tolist()
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i][0], lengths[i][1], jitter[i]))
@@ -772,94 +791,99 @@ def padding_fraction(batches, lengths):
     return 1 - real / padded
 
 
-def rate(step, model_size, factor=1.0, warmup=4000):
-    """Eq. (3): lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5), scaled by
-    `factor`; step 0 counts as step 1 (the formula is undefined at 0)."""
-    step = max(step, 1)
-    return factor * model_size**-0.5 * min(step**-0.5, step * warmup**-1.5)
+class EncodedCorpus:
+    """Sentence pairs encoded once: all sources and all targets padded into two tensors,
+    with each pair's (source length, target length). batch(indices) cuts a Batch from them."""
 
-
-def make_optimizer(model, d_model, factor=1.0, warmup=4000):
-    """§5.3: Adam(β1 = 0.9, β2 = 0.98, ε = 1e-9) with the learning rate of Eq. (3).
-    The scheduler's k-th step (k = 0, 1, ...) sets the rate of update k + 1."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda k: rate(k + 1, d_model, factor, warmup)
-    )
-    return optimizer, scheduler
-
-
-class LabelSmoothing(nn.Module):
-    """§5.4: label smoothing of value `smoothing`. The target distribution puts
-    1 - smoothing on the correct token and spreads `smoothing` over the other tokens except
-    padding; padding positions (target == padding_idx) contribute nothing. forward(log-probs
-    (n, size), target (n,)) -> summed KL divergence to that distribution."""
-
-    def __init__(self, size, padding_idx, smoothing=0.0):
-        super().__init__()
-        if not 0.0 <= smoothing < 1.0:
-            raise ValueError(f"smoothing must be in [0, 1), got {smoothing!r}")
-        self.size, self.padding_idx, self.smoothing = size, padding_idx, smoothing
-
-    def target_distribution(self, target):
-        dist = torch.full(
-            (target.size(0), self.size), self.smoothing / (self.size - 2), device=target.device
+    def __init__(self, data, pad_id=PAD_ID):
+        if not data:
+            raise ValueError("EncodedCorpus needs at least one (source ids, target ids) pair")
+        self.lengths = [(len(s), len(t)) for s, t in data]
+        self.pad_id = pad_id
+        self.src, self.tgt = (
+            nn.utils.rnn.pad_sequence(
+                [torch.tensor(pair[side]) for pair in data], batch_first=True, padding_value=pad_id
+            )
+            for side in (0, 1)
         )
-        dist.scatter_(1, target.unsqueeze(1), 1.0 - self.smoothing)
-        dist[:, self.padding_idx] = 0.0
-        return dist.masked_fill((target == self.padding_idx).unsqueeze(1), 0.0)
 
-    def forward(self, log_probs, target):
-        dist = self.target_distribution(target).to(log_probs.dtype)
-        return nn.functional.kl_div(log_probs, dist, reduction="sum")
+    @classmethod
+    def from_pairs(cls, pairs, tokenizer):
+        return cls(encode_pairs(pairs, tokenizer))
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def target_tokens(self, indices):
+        """Real target tokens of these pairs (what the loss is averaged over), on the host."""
+        return sum(self.lengths[i][1] - 1 for i in indices)
+
+    def batch(self, indices, device="cpu", multiple_of=1):
+        """The Batch of these pairs, cut to their longest source and target (rounded up to a
+        multiple of `multiple_of`, which limits the shapes torch.compile sees)."""
+        rows = torch.tensor(indices)
+        sides = []
+        for side, table in enumerate((self.src, self.tgt)):
+            longest = max(self.lengths[i][side] for i in indices) - side  # tgt: minus <s>/</s>
+            longest = -(-longest // multiple_of) * multiple_of + side
+            cut = table.narrow(1, 0, min(longest, table.size(1)))[rows]
+            cut = F.pad(cut, (0, longest - cut.size(1)), value=self.pad_id)
+            if torch.device(device).type == "cuda":
+                cut = cut.pin_memory().to(device, non_blocking=True)
+            sides.append(cut.to(device))
+        return Batch.from_tensors(*sides, self.target_tokens(indices), self.pad_id)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything a training run needs besides the data: the architecture (`model`) and
-    the recipe of §5. max_steps, checkpoint_every and keep_checkpoints (how many of the
-    latest weight snapshots to keep for averaging, §6.1) only say how long to run and what
-    to keep, so a run may be resumed with a larger max_steps; every other field must match."""
+    """A training run besides its data: the architecture (`model`) and the recipe of §5.
+    The fields in RUN_LENGTH_FIELDS only say how long to run and what to save, validate
+    and log, so a run may be resumed with other values; every other field must match."""
 
     model: ModelConfig = replace(SMALL, share_embeddings=True)
-    vocab_size: int = 8000
-    max_tokens: int = 2000
-    warmup_steps: int = 4000
-    lr_factor: float = 1.0
-    smoothing: float = 0.1
+    vocab_size: int = 8000  # shared BPE vocabulary (§5.1)
+    max_tokens: int = 2000  # per update and side, padding included, all processes (§5.1)
+    warmup_steps: int = 4000  # Eq. (3) (§5.3)
+    lr_factor: float = 1.0  # multiplies Eq. (3)
+    weight_decay: float = 0.0  # decoupled (AdamW); 0 in the paper
+    smoothing: float = 0.1  # epsilon_ls (§5.4)
     seed: int = 0
     max_steps: int = 1000
     checkpoint_every: int = 500
-    keep_checkpoints: int = 5
+    keep_checkpoints: int = 5  # weight snapshots kept for averaging (§6.1)
+    eval_every: int = 500  # validation loss and BLEU, when validation pairs are given
+    bleu_sentences: int = 200  # the first this many validation pairs are translated
+    log_every: int = 10  # how often the loss is read from the device
 
     def __post_init__(self):
-        for name in (
-            "vocab_size",
-            "max_tokens",
-            "warmup_steps",
-            "max_steps",
-            "checkpoint_every",
-            "keep_checkpoints",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.lr_factor <= 0:
-            raise ValueError(f"lr_factor must be positive, got {self.lr_factor!r}")
-        if not 0.0 <= self.smoothing < 1.0:
-            raise ValueError(f"smoothing must be in [0, 1), got {self.smoothing!r}")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type is int and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ValueError(f"{f.name} must be an integer, got {value!r}")
+            if f.type is int and f.name != "seed" and value <= 0:
+                raise ValueError(f"{f.name} must be a positive integer, got {value!r}")
+        if not (isinstance(self.lr_factor, int | float) and 0 < self.lr_factor < math.inf):
+            raise ValueError(f"lr_factor must be a positive finite number, got {self.lr_factor!r}")
+        for name in ("smoothing", "weight_decay"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
 
     def identity(self):
         """The fields a checkpoint must agree on to be resumed."""
-        fields = dataclasses.asdict(self)
-        for name in ("max_steps", "checkpoint_every", "keep_checkpoints"):
-            fields.pop(name)
-        return fields
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in RUN_LENGTH_FIELDS}
 
 
+RUN_LENGTH_FIELDS = (
+    "max_steps",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "eval_every",
+    "bleu_sentences",
+    "log_every",
+)
 PROFILES = {
     # a 2-layer model that learns something from Multi30k in a few minutes on 2 CPU cores
-    "quick": TrainConfig(warmup_steps=200, lr_factor=1.0, max_steps=300, checkpoint_every=100),
+    "quick": TrainConfig(warmup_steps=200, max_steps=300, checkpoint_every=100, eval_every=100),
     # the paper's base model and recipe, with token batches sized for one GPU
     "base": TrainConfig(
         model=replace(BASE, share_embeddings=True),
@@ -867,8 +891,111 @@ PROFILES = {
         warmup_steps=4000,
         max_steps=20000,
         checkpoint_every=1000,
+        eval_every=1000,
     ),
 }
+
+
+def apply_changes(config, changes):
+    """`config` (a TrainConfig) with some fields changed: {name: value}, where a name is a
+    TrainConfig field or a ModelConfig field (bare, "dropout", or "model.dropout")."""
+    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    train_fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"model"}
+    model_changes, train_changes = {}, {}
+    for name, value in changes.items():
+        bare = name.removeprefix("model.")
+        if bare in model_fields and bare not in train_fields:
+            model_changes[bare] = value
+        elif name in train_fields:
+            train_changes[name] = value
+        else:
+            raise ValueError(
+                f"unknown field {name!r}: a change names a TrainConfig field "
+                f"({', '.join(sorted(train_fields))}) or a ModelConfig field "
+                f"({', '.join(sorted(model_fields))})"
+            )
+    return replace(config, model=replace(config.model, **model_changes), **train_changes)
+
+
+def rate(step, model_size, factor=1.0, warmup=4000):
+    """Eq. (3): lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5), scaled by
+    `factor`; step 0 counts as step 1 (the formula is undefined at 0)."""
+    for name, value in (("model_size", model_size), ("warmup", warmup)):
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not 0 < factor < math.inf:
+        raise ValueError(f"factor must be a positive finite number, got {factor!r}")
+    step = max(step, 1)
+    return factor * model_size**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+def make_optimizer(model, d_model, factor=1.0, warmup=4000, weight_decay=0.0):
+    """§5.3: Adam(β1 = 0.9, β2 = 0.98, ε = 1e-9) with the learning rate of Eq. (3).
+    The scheduler's k-th step (k = 0, 1, ...) sets the rate of update k + 1."""
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, weight_decay=weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda k: rate(k + 1, d_model, factor, warmup)
+    )
+    return optimizer, scheduler
+
+
+class LabelSmoothing(nn.Module):
+    """§5.4: label smoothing of value `smoothing` as Szegedy et al. (2016) define it: the
+    target is 1 - smoothing on the correct token plus smoothing / size on every token;
+    positions whose target is padding_idx contribute nothing. forward(log-probs (n, size),
+    target (n,)) -> summed KL divergence from that distribution to the prediction."""
+
+    def __init__(self, size, padding_idx, smoothing=0.0):
+        super().__init__()
+        if not isinstance(size, int) or size < 2:
+            raise ValueError(f"size (the vocabulary) must be an integer >= 2, got {size!r}")
+        if not 0 <= padding_idx < size:
+            raise ValueError(f"padding_idx must be in [0, size={size}), got {padding_idx!r}")
+        if not 0.0 <= smoothing < 1.0:
+            raise ValueError(f"smoothing must be in [0, 1), got {smoothing!r}")
+        self.size, self.padding_idx, self.smoothing = size, padding_idx, smoothing
+
+    def target_distribution(self, target, dtype=torch.float32):
+        uniform = self.smoothing / self.size
+        dist = torch.full((target.size(0), self.size), uniform, dtype=dtype, device=target.device)
+        dist.scatter_(1, target.unsqueeze(1), 1.0 - self.smoothing + uniform)
+        return dist.masked_fill((target == self.padding_idx).unsqueeze(1), 0.0)
+
+    def forward(self, log_probs, target):
+        dist = self.target_distribution(target, log_probs.dtype)
+        return nn.functional.kl_div(log_probs, dist, reduction="sum")
+
+
+def label_smoothed_loss(logits, target, smoothing, pad_id=PAD_ID):
+    """LabelSmoothing's fast path, summed over the positions whose target is not padding:
+    one fused cross-entropy from the logits to the smoothed target. It equals
+    LabelSmoothing's KL divergence plus the smoothed target's entropy per token."""
+    logits = logits.flatten(0, -2)  # float16/bfloat16 logits are scored in float32
+    return F.cross_entropy(
+        logits.to(torch.promote_types(logits.dtype, torch.float32)),
+        target.flatten(),
+        ignore_index=pad_id,
+        label_smoothing=smoothing,
+        reduction="sum",
+    )
+
+
+AMP_CHOICES = ("auto", "bf16", "fp16", "off")
+
+
+def autocast_dtype(amp, device):
+    """The autocast dtype that `amp` means on `device` (None: float32 throughout)."""
+    if amp is None or amp == "off":
+        return None
+    if amp not in AMP_CHOICES:
+        raise ValueError(f"amp must be one of {', '.join(AMP_CHOICES)}, got {amp!r}")
+    if amp == "auto":
+        if torch.device(device).type != "cuda":
+            return None
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if amp == "bf16" else torch.float16
 
 
 def unwrap(model):
@@ -878,29 +1005,237 @@ def unwrap(model):
     return model
 
 
-def run_step(model, criterion, batch, optimizer=None, scheduler=None, amp=None, ntokens=None):
-    """Loss per target token of one batch; with an optimizer, also one update (§5.3).
+def forward_loss(model, batch, smoothing):
+    """(label-smoothed loss, negative log-likelihood), each summed over real target tokens."""
+    states = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
+    logits = unwrap(model).generator.projection(states)
+    loss = label_smoothed_loss(logits, batch.tgt_y, smoothing)
+    if smoothing == 0:
+        return loss, loss.detach()
+    with torch.no_grad():
+        return loss, label_smoothed_loss(logits, batch.tgt_y, 0.0)
 
-    amp="bf16" runs the forward pass under bfloat16 autocast. ntokens is the number of
-    target tokens the update averages over: the batch's own by default; under
-    DistributedDataParallel, all ranks' tokens divided by the number of ranks, because DDP
-    averages the ranks' gradients."""
-    with torch.autocast(batch.src.device.type, torch.bfloat16, enabled=amp == "bf16"):
-        states = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
-        log_probs = unwrap(model).generator(states)
-    total = criterion(log_probs.reshape(-1, log_probs.size(-1)).float(), batch.tgt_y.reshape(-1))
-    if optimizer is not None:
-        (total / (ntokens or batch.ntokens)).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if scheduler is not None:
-            scheduler.step()
-    return total.item() / batch.ntokens
+
+def train_step(
+    model, batch, optimizer, scheduler, scaler, smoothing, ntokens=None, amp=None, loss_fn=None
+):
+    """One update (§5.3). ntokens: the target tokens the update averages over, the batch's
+    own by default (under DistributedDataParallel: all ranks' divided by their number, as
+    DDP averages gradients). amp: an autocast dtype or None; loss_fn: forward_loss or a
+    compiled copy of it. Returns [loss, nll] summed over the batch, on the device: reading
+    it waits for the device, so the caller reads it rarely."""
+    precision = torch.autocast(batch.src.device.type, amp) if amp else contextlib.nullcontext()
+    with precision:
+        loss, nll = (loss_fn or forward_loss)(model, batch, smoothing)
+    scaler.scale(loss / (ntokens or batch.ntokens)).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()
+    return torch.stack([loss.detach(), nll])
+
+
+def validation_loss(model, corpus, max_tokens=4000):
+    """Cross-entropy per real target token, without smoothing, over an EncodedCorpus;
+    math.exp of it is the perplexity. The model's train/eval mode is restored."""
+    model = unwrap(model)
+    device = next(model.parameters()).device
+    longest = max(max(pair) for pair in corpus.lengths)
+    batches = batch_by_tokens(corpus.lengths, max(max_tokens, longest), shuffle=False)
+    training, total = model.training, torch.zeros((), device=device)
+    model.eval()
+    with torch.no_grad():
+        for indices in batches:
+            total += forward_loss(model, corpus.batch(indices, device), 0.0)[1]
+    model.train(training)
+    return total.item() / corpus.target_tokens(range(len(corpus)))
+
+
+def validation_bleu(model, tokenizer, pairs):
+    """sacreBLEU of greedy translations of (source, reference) pairs, mode restored."""
+    model = unwrap(model)
+    training = model.training
+    hypotheses = translate(model, tokenizer, [src for src, _ in pairs], beam_size=1)
+    model.train(training)
+    return sacrebleu.corpus_bleu(hypotheses, [[ref for _, ref in pairs]]).score
+
+
+def validate(model, corpus, pairs, tokenizer):
+    """The validation figures logged during training and stored with each snapshot."""
+    loss = validation_loss(model, corpus)
+    return {
+        "val_loss": round(loss, 4),
+        "val_ppl": round(math.exp(loss), 2),
+        "val_bleu": round(validation_bleu(model, tokenizer, pairs), 2),
+        "bleu_sentences": len(pairs),
+    }
+
+
+@dataclass
+class TrainingRun:
+    """What a run has built and done so far: all that a checkpoint saves."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    step: int = 0
+    epoch: int = 0
+    position: int = 0  # updates of the current epoch already made
+    tokens_seen: int = 0  # target tokens, all processes
+    seconds: float = 0.0  # training time over all sessions, validation excluded
+    history: list = field(default_factory=list)  # per step: loss, nll, lr, tokens
+    validation: list = field(default_factory=list)  # per evaluation: step, seconds, figures
+
+
+def build_training(config, vocab, device="cpu", amp=None):
+    """A new run: the model initialised with config.seed, Adam with Eq. (3), the scaler
+    (active only for float16 autocast)."""
+    torch.manual_seed(config.seed)
+    model = build_model(vocab, vocab, config.model).to(device)
+    optimizer, scheduler = make_optimizer(
+        model, config.model.d_model, config.lr_factor, config.warmup_steps, config.weight_decay
+    )
+    scaler = torch.amp.GradScaler(torch.device(device).type, enabled=amp == torch.float16)
+    return TrainingRun(model, optimizer, scheduler, scaler)
+
+
+def update_groups(corpus, config, epoch, world=1):
+    """One epoch's updates, each a list of `world` batches (index lists), one per process,
+    of at most max_tokens / world tokens a side. The order depends only on (seed, epoch),
+    so a resumed run sees the same batches as an uninterrupted one."""
+    batches = batch_by_tokens(corpus.lengths, config.max_tokens // world, config.seed + epoch)
+    return [batches[i : i + world] for i in range(0, len(batches) - world + 1, world)]
+
+
+@dataclass
+class RunContext:
+    """What stays fixed while a run trains: its recipe, folder, data and processes."""
+
+    config: TrainConfig
+    out: pathlib.Path
+    tokenizer: Tokenizer
+    corpus: EncodedCorpus
+    val: tuple | None  # (EncodedCorpus of all val pairs, the pairs BLEU translates)
+    device: str
+    amp: torch.dtype | None
+    rank: int = 0
+    world: int = 1
+    log: typing.Callable = print
+
+
+def record_steps(run, pending, world):
+    """Read the summed [loss, nll] of the steps since the last read (all ranks' together)
+    into run.history, per target token: the one point where the loop waits for the device."""
+    sums = torch.stack([losses for losses, _, _ in pending])
+    if world > 1:
+        torch.distributed.all_reduce(sums)
+    for (loss, nll), (_, lr, ntokens) in zip(sums.tolist(), pending):
+        entry = {"step": len(run.history) + 1, "loss": round(loss / ntokens, 5)}
+        entry.update(nll=round(nll / ntokens, 5), lr=lr, tokens=ntokens)
+        run.history.append(entry)
+    pending.clear()
+
+
+def end_of_window(run, ctx, pending):
+    """Every log_every steps: read the losses; every eval_every steps (with validation
+    data): validate; every checkpoint_every steps: save. The last step does all three."""
+    config, done = ctx.config, run.step == ctx.config.max_steps
+    record_steps(run, pending, ctx.world)
+    if ctx.val and ctx.rank == 0 and (run.step % config.eval_every == 0 or done):
+        figures = validate(run.model, *ctx.val, ctx.tokenizer)
+        when = {"step": run.step, "seconds": round(run.seconds, 1)}
+        run.validation.append({**when, "tokens_seen": run.tokens_seen, **figures})
+        ctx.log(f"step {run.step}: validation {figures}")
+    if run.step % config.checkpoint_every == 0 or done:
+        save_run(run, ctx)
+        last = run.history[-1]
+        if ctx.rank == 0:
+            ctx.log(
+                f"step {run.step}: loss {last['loss']:.3f}, nll {last['nll']:.3f}, "
+                f"lr {last['lr']:.2e}, {run.seconds:.0f} s, checkpoint written"
+            )
+
+
+def train_epoch(run, ctx, runner, loss_fn, bar, multiple_of=1):
+    """The rest of the current epoch, or up to max_steps."""
+    config, pending, started = ctx.config, [], time.perf_counter()
+    every = [config.log_every, config.checkpoint_every] + [config.eval_every] * bool(ctx.val)
+    for group in update_groups(ctx.corpus, config, run.epoch, ctx.world)[run.position :]:
+        ntokens = sum(ctx.corpus.target_tokens(indices) for indices in group)
+        batch = ctx.corpus.batch(group[ctx.rank], ctx.device, multiple_of)
+        lr = run.optimizer.param_groups[0]["lr"]
+        losses = train_step(
+            runner, batch, run.optimizer, run.scheduler, run.scaler, config.smoothing,
+            ntokens / ctx.world, ctx.amp, loss_fn,
+        )  # fmt: skip
+        pending.append((losses, lr, ntokens))
+        run.step, run.position = run.step + 1, run.position + 1
+        run.tokens_seen += ntokens
+        bar.update()
+        done = run.step == config.max_steps
+        if done or any(run.step % n == 0 for n in every):
+            run.seconds += time.perf_counter() - started
+            end_of_window(run, ctx, pending)
+            bar.set_postfix(loss=f"{run.history[-1]['loss']:.3f}")
+            started = time.perf_counter()  # validation and saving are not training time
+        if done:
+            return
+    if pending:
+        run.seconds += time.perf_counter() - started
+        record_steps(run, pending, ctx.world)
+    run.epoch, run.position = run.epoch + 1, 0
+
+
+def train(
+    config,
+    train_pairs,
+    out_dir,
+    tokenizer=None,
+    val_pairs=None,
+    device="cpu",
+    resume=False,
+    log=print,
+    progress=False,
+    amp=None,
+    compile=False,
+):
+    """§5: train on (source, target) sentence pairs into out_dir; returns (model,
+    tokenizer, history). With val_pairs, validates every config.eval_every steps. amp is
+    one of AMP_CHOICES; resume=True continues out_dir/checkpoint.pt exactly. Under
+    torchrun, each process trains on its share of every update (DistributedDataParallel)
+    and only rank 0 writes files and logs."""
+    rank, world = distributed_rank_and_size()
+    check_device(device)
+    if not train_pairs:
+        raise ValueError("train_pairs is empty: pass (source, target) sentence pairs")
+    out = pathlib.Path(out_dir)
+    with RunFolder(out, resume, owner=rank == 0):
+        payload = load_training_state(out / "checkpoint.pt", config) if resume else None
+        tokenizer = run_tokenizer(config, train_pairs, out, tokenizer, payload, rank, world)
+        corpus = EncodedCorpus.from_pairs(train_pairs, tokenizer)
+        val = None
+        if val_pairs:
+            val = EncodedCorpus.from_pairs(val_pairs, tokenizer), val_pairs[: config.bleu_sentences]
+        amp = autocast_dtype(amp, device)
+        ctx = RunContext(config, out, tokenizer, corpus, val, device, amp, rank, world, log)
+        run = start_run(ctx, payload)
+        runner = torch.nn.parallel.DistributedDataParallel(run.model) if world > 1 else run.model
+        loss_fn = torch.compile(forward_loss) if compile else forward_loss
+        bar = tqdm(
+            total=config.max_steps, initial=run.step, unit="step", disable=not progress or rank
+        )
+        while run.step < config.max_steps:
+            train_epoch(run, ctx, runner, loss_fn, bar, multiple_of=8 if compile else 1)
+        bar.close()
+    return run.model, tokenizer, run.history
+
+
+CHECKPOINT_FORMAT = 2  # checkpoints record it; another format is refused on resume
 
 
 def save_checkpoint(path, payload):
-    """torch.save to a temporary file beside `path`, then an atomic rename: a crash while
-    writing leaves the previous checkpoint intact."""
+    """torch.save to a temporary file beside `path`, then an atomic rename."""
     path = pathlib.Path(path)
     with tempfile.NamedTemporaryFile(
         dir=path.parent, prefix=path.name, suffix=".tmp", delete=False
@@ -916,18 +1251,54 @@ def save_checkpoint(path, payload):
     os.replace(tmp.name, path)
 
 
+def write_json(path, data):
+    """JSON written as atomically as a checkpoint (a reader never sees half a file)."""
+    tmp = pathlib.Path(f"{path}.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def read_checkpoint(path):
+    """A checkpoint's payload (tensors and plain data only); errors name the file."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise ValueError(
+            f"{path} cannot be read as a checkpoint ({type(error).__name__}: {error}); the "
+            f"file is damaged or not a checkpoint: use another snapshot of the run"
+        ) from error
+    if not isinstance(payload, dict) or not {"config", "model", "tokenizer"} <= payload.keys():
+        raise ValueError(f"{path} is not a checkpoint written by train (no config or model)")
+    return payload
+
+
+def differing_fields(saved, wanted, prefix=""):
+    """'name: saved -> wanted' for every field, nested ones dotted, that differs."""
+    found = []
+    for name in sorted(set(saved) | set(wanted)):
+        a, b = saved.get(name, "<absent>"), wanted.get(name, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            found += differing_fields(a, b, f"{prefix}{name}.")
+        elif a != b:
+            found.append(f"{prefix}{name}: {a!r} -> {b!r}")
+    return found
+
+
 def load_training_state(path, config):
-    """Load the checkpoint of a run to resume it (tensors and plain data only), refusing
-    one written with a different configuration."""
+    """The checkpoint of a run to resume, refused if written with another recipe."""
     if not pathlib.Path(path).is_file():
         raise FileNotFoundError(f"no checkpoint at {path} to resume from; start without --resume")
-    payload = torch.load(path, map_location="cpu", weights_only=True)
-    saved, wanted = payload["config"], config.identity()
-    if saved != wanted:
-        differ = sorted(k for k in wanted if saved.get(k) != wanted[k])
+    payload = read_checkpoint(path)
+    if payload.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(
-            f"{path} was written with a different configuration (fields {', '.join(differ)} "
-            f"differ); resume with the same settings or start a new run in another --out folder"
+            f"{path} has checkpoint format {payload.get('format', 1)}, this code writes "
+            f"{CHECKPOINT_FORMAT}: it can be loaded (load_checkpoint) but not resumed"
+        )
+    differ = differing_fields(payload["config"], config.identity())
+    if differ:
+        raise ValueError(
+            f"{path} was written with a different configuration ({'; '.join(differ)}); "
+            f"resume with the same settings or start a new run in another folder"
         )
     return payload
 
@@ -937,6 +1308,166 @@ def snapshot_paths(out_dir):
     return sorted(pathlib.Path(out_dir).glob("checkpoint-*.pt"))
 
 
+class RunFolderBusy(FileExistsError):
+    """Another live process is training in this folder."""
+
+
+class RunFolder:
+    """with RunFolder(out, resume): out exists, is locked by this process (out/.lock: host
+    and pid), and holds no stale temporary files; owner=False (torchrun ranks > 0) only
+    waits for nothing and touches nothing."""
+
+    def __init__(self, out, resume=False, owner=True):
+        self.out, self.resume, self.owner = pathlib.Path(out), resume, owner
+        self.lock = self.out / ".lock"
+
+    def __enter__(self):
+        if not self.owner:
+            return self
+        self.out.mkdir(parents=True, exist_ok=True)
+        me = f"{socket.gethostname()} {os.getpid()}"
+        try:
+            fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            holder = self.lock.read_text().strip()
+            host, _, pid = holder.partition(" ")
+            if host != socket.gethostname() or process_alive(int(pid or 0)):
+                raise RunFolderBusy(
+                    f"{self.out} is in use by process {holder} (lock file {self.lock}); wait "
+                    f"for it to finish or train into another folder"
+                ) from None
+            self.lock.write_text(me + "\n")  # the holder died: take the folder over
+        else:
+            with os.fdopen(fd, "w") as file:
+                file.write(me + "\n")
+        try:
+            for stale in self.out.glob("*.tmp"):  # from a save that was killed
+                stale.unlink()
+            if not self.resume and (self.out / "checkpoint.pt").exists():
+                raise FileExistsError(
+                    f"{self.out / 'checkpoint.pt'} already exists; resume it (--resume) or "
+                    f"start the new run in another folder, so the earlier one is kept"
+                )
+        except BaseException:
+            self.lock.unlink(missing_ok=True)
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        if self.owner:
+            self.lock.unlink(missing_ok=True)
+
+
+def process_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
+
+
+def save_run(run, ctx):
+    """Write snapshot, checkpoint and metrics (rank 0; every rank must call it, and none
+    returns before the files are complete)."""
+    rng = gather_rng_states(ctx.device, ctx.world)
+    if ctx.rank == 0:
+        write_run(run, ctx.config, ctx.tokenizer, ctx.out, rng)
+    if ctx.world > 1:
+        torch.distributed.barrier()
+
+
+def write_run(run, config, tokenizer, out, rng):
+    latest = run.validation[-1] if run.validation else None
+    weights = {
+        "format": CHECKPOINT_FORMAT,
+        "config": config.identity(),
+        "tokenizer": tokenizer.to_str(),
+        "step": run.step,
+        "validation": latest if latest and latest["step"] == run.step else None,
+        "model": run.model.state_dict(),
+    }
+    save_checkpoint(out / f"checkpoint-{run.step:07d}.pt", weights)
+    for old in snapshot_paths(out)[: -config.keep_checkpoints]:
+        old.unlink()
+    state = {name: getattr(run, name) for name in ("epoch", "position", "tokens_seen", "seconds")}
+    save_checkpoint(
+        out / "checkpoint.pt",
+        {
+            **weights,
+            **state,
+            "optimizer": run.optimizer.state_dict(),
+            "scheduler": run.scheduler.state_dict(),
+            "scaler": run.scaler.state_dict(),
+            "history": run.history,
+            "validations": run.validation,
+            "rng": rng,
+        },
+    )
+    metrics = {"config": config.identity(), "history": run.history}
+    write_json(out / "metrics.json", {**metrics, "validation": run.validation})
+
+
+def start_run(ctx, payload):
+    """A new run, or the checkpointed one restored; each rank's own dropout stream."""
+    run = build_training(ctx.config, ctx.tokenizer.get_vocab_size(), ctx.device, ctx.amp)
+    if payload is not None:
+        run.model.load_state_dict(payload["model"])
+        run.optimizer.load_state_dict(payload["optimizer"])
+        run.scheduler.load_state_dict(payload["scheduler"])
+        if payload["scaler"]:
+            run.scaler.load_state_dict(payload["scaler"])
+        for name in ("step", "epoch", "position", "tokens_seen", "seconds", "history"):
+            setattr(run, name, payload[name])
+        run.validation = payload["validations"]
+        restore_rng_state(payload["rng"], ctx.rank, ctx.world, ctx.device)
+        if ctx.rank == 0:
+            ctx.log(f"resumed from {ctx.out / 'checkpoint.pt'} at step {run.step}")
+    elif ctx.rank > 0:
+        torch.manual_seed(ctx.config.seed + 1_000_003 * ctx.rank)  # its own dropout masks
+    if torch.device(ctx.device).type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    return run
+
+
+def run_tokenizer(config, pairs, out, tokenizer, payload, rank, world):
+    """The checkpoint's vocabulary when resuming, else the one given, else one that rank 0
+    learns from the training pairs; saved as out/tokenizer.json."""
+    if payload is not None:
+        saved = Tokenizer.from_str(payload["tokenizer"])
+        if tokenizer is not None and tokenizer.to_str() != saved.to_str():
+            raise ValueError(f"{out} was trained with another tokenizer; resume without one")
+        return saved
+    if tokenizer is None:
+        if rank == 0:
+            train_bpe(pairs, config.vocab_size, out / "tokenizer.json")
+        if world > 1:
+            torch.distributed.barrier()  # rank 0's vocabulary is on disk for every rank
+        return load_tokenizer(out / "tokenizer.json")
+    if tokenizer.get_vocab_size() > config.vocab_size:
+        raise ValueError(
+            f"the tokenizer has {tokenizer.get_vocab_size()} tokens but config.vocab_size is "
+            f"{config.vocab_size}; pass a tokenizer from train_bpe(pairs, {config.vocab_size})"
+        )
+    if rank == 0:
+        tokenizer.save(str(out / "tokenizer.json"))
+    return tokenizer
+
+
+def check_device(device):
+    """Refuse a device this machine lacks before any work is done."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as error:
+        raise ValueError(f"device={device!r} is not a device: use cpu, cuda or cuda:N") from error
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device={device!r}, but this PyTorch sees no GPU (torch.cuda.is_available() is "
+            f"False); train on device='cpu' or install a CUDA build of PyTorch"
+        )
+
+
 def distributed_rank_and_size():
     """(rank, world size) under torchrun's process group, (0, 1) in a single process."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -944,129 +1475,36 @@ def distributed_rank_and_size():
     return 0, 1
 
 
-def train(
-    config,
-    train_pairs,
-    out_dir,
-    device="cpu",
-    resume=False,
-    log=print,
-    progress=False,
-    amp=None,
-    compile=False,
-):
-    """§5: train on (source, target) sentence pairs. Every config.checkpoint_every steps and
-    at the end, writes out_dir/checkpoint.pt (all the state needed to resume) and a weight
-    snapshot out_dir/checkpoint-<step>.pt (the last config.keep_checkpoints are kept, for
-    averaging). resume=True continues from checkpoint.pt exactly as if the run had not
-    stopped. amp="bf16" trains under bfloat16 autocast; compile=True uses torch.compile.
+def gather_rng_states(device, world):
+    """Every rank's random states (CPU, and its GPU's), gathered on all ranks."""
+    state = {"cpu": torch.get_rng_state()}
+    if torch.device(device).type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    if world == 1:
+        return [state]
+    states = [None] * world
+    torch.distributed.all_gather_object(states, state)
+    return states
 
-    Under torchrun (a process group initialised, as code/train.py does), the model is
-    wrapped in DistributedDataParallel, each rank takes its own share of every epoch's token
-    batches, and only rank 0 writes files and logs. Returns the model, the tokenizer and
-    the history of the run."""
-    rank, world = distributed_rank_and_size()
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    checkpoint_path, tokenizer_path = out / "checkpoint.pt", out / "tokenizer.json"
-    if amp not in (None, "bf16"):
-        raise ValueError(f"amp must be None or 'bf16', got {amp!r}")
-    if not resume and checkpoint_path.exists():
-        raise FileExistsError(
-            f"{checkpoint_path} already exists; resume it (resume=True, --resume) or start "
-            f"the new run in another folder, so that the earlier run is not overwritten"
+
+def restore_rng_state(states, rank, world, device):
+    """This rank's saved random state back in place; a different process count warns."""
+    if len(states) != world:
+        warnings.warn(
+            f"the checkpoint was written by {len(states)} process(es) and resumes in {world}: "
+            f"batches and dropout masks differ from an uninterrupted run from here on",
+            stacklevel=2,
         )
-    payload = load_training_state(checkpoint_path, config) if resume else None
-    if payload is None and rank == 0:
-        train_bpe(train_pairs, config.vocab_size, tokenizer_path)
-    if world > 1:
-        torch.distributed.barrier()  # rank 0's vocabulary is on disk for every rank
-    tokenizer = load_tokenizer(tokenizer_path)
-    vocab = tokenizer.get_vocab_size()
-    data = encode_pairs(train_pairs, tokenizer)
-    lengths = [(len(s), len(t)) for s, t in data]
-
-    torch.manual_seed(config.seed)
-    model = build_model(vocab, vocab, config.model).to(device)
-    optimizer, scheduler = make_optimizer(
-        model, config.model.d_model, config.lr_factor, config.warmup_steps
-    )
-    criterion = LabelSmoothing(vocab, PAD_ID, config.smoothing)
-    step, epoch, position, history = 0, 0, 0, []
-    if payload is not None:
-        model.load_state_dict(payload["model"])
-        optimizer.load_state_dict(payload["optimizer"])
-        scheduler.load_state_dict(payload["scheduler"])
-        step, epoch, position = payload["step"], payload["epoch"], payload["position"]
-        history = payload["history"]
-        torch.set_rng_state(payload["rng"])
-        if device != "cpu" and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(payload["cuda_rng"])
-        if rank == 0:
-            log(f"resumed from {checkpoint_path} at step {step}")
-    runner = model
-    if world > 1:
-        # the same seed gave every rank the same initial weights; DDP also broadcasts rank 0's
-        runner = torch.nn.parallel.DistributedDataParallel(model)
-    if compile:
-        runner = torch.compile(runner)
-
-    def checkpoint():
-        weights = {"config": config.identity(), "tokenizer": tokenizer.to_str(), "step": step}
-        save_checkpoint(out / f"checkpoint-{step:07d}.pt", {**weights, "model": model.state_dict()})
-        for old in snapshot_paths(out)[: -config.keep_checkpoints]:
-            old.unlink()
-        save_checkpoint(
-            checkpoint_path,
-            {
-                **weights,
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "epoch": epoch,
-                "position": position,
-                "history": history,
-                "rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            },
-        )
-
-    model.train()
-    start = time.perf_counter()
-    bar = tqdm(total=config.max_steps, initial=step, unit="step", disable=not progress or rank > 0)
-    while step < config.max_steps:
-        # an epoch's order depends only on (seed, epoch), so a resumed run sees the same
-        # batches; rank r of `world` takes batches r, r + world, ... so the ranks never overlap
-        batches = batch_by_tokens(lengths, config.max_tokens, seed=config.seed + epoch)
-        while (position + 1) * world <= len(batches) and step < config.max_steps:
-            batch = Batch.from_ids([data[i] for i in batches[position * world + rank]]).to(device)
-            ntokens = None
-            if world > 1:
-                count = torch.tensor(float(batch.ntokens), device=device)
-                torch.distributed.all_reduce(count)
-                ntokens = count.item() / world
-            lr = optimizer.param_groups[0]["lr"]
-            loss = run_step(runner, criterion, batch, optimizer, scheduler, amp, ntokens)
-            step, position = step + 1, position + 1
-            bar.update()
-            bar.set_postfix(loss=f"{loss:.3f}")
-            history.append(
-                {"step": step, "loss": round(loss, 5), "lr": lr, "tokens": batch.ntokens}
+    if rank >= len(states):
+        return
+    torch.set_rng_state(states[rank]["cpu"])
+    if torch.device(device).type == "cuda":
+        if "cuda" in states[rank]:
+            torch.cuda.set_rng_state(states[rank]["cuda"], device)
+        else:
+            warnings.warn(
+                "no GPU random state in the checkpoint: GPU dropout starts afresh", stacklevel=2
             )
-            if rank == 0 and (step % config.checkpoint_every == 0 or step == config.max_steps):
-                checkpoint()
-                log(
-                    f"step {step}: loss {loss:.3f}, lr {lr:.2e}, "
-                    f"{time.perf_counter() - start:.0f} s, checkpoint written"
-                )
-        if (position + 1) * world > len(batches):
-            epoch, position = epoch + 1, 0
-    bar.close()
-    if rank == 0:
-        (out / "metrics.json").write_text(
-            json.dumps({"config": config.identity(), "history": history}, indent=1)
-        )
-    return model, tokenizer, history
 
 
 def copy_task_pairs(n, vocab, length, generator):
@@ -1081,8 +1519,6 @@ def copy_task_pairs(n, vocab, length, generator):
 
 import functools
 import platform
-
-import sacrebleu
 
 
 class KeyValueCache:
@@ -1301,12 +1737,7 @@ def load_checkpoint(path, device="cpu"):
     path = pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}; train one with code/train.py")
-    payload = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(payload, dict) or not {"config", "model", "tokenizer"} <= payload.keys():
-        raise ValueError(
-            f"{path} is not a checkpoint written by train (it lacks config, model or "
-            f"tokenizer); pass checkpoint.pt or a checkpoint-<step>.pt of a training run"
-        )
+    payload = read_checkpoint(path)
     config = ModelConfig(**payload["config"]["model"])
     tokenizer = Tokenizer.from_str(payload["tokenizer"])
     vocab = tokenizer.get_vocab_size()
@@ -1322,12 +1753,17 @@ def average_checkpoints(paths):
     paths = [pathlib.Path(p) for p in paths]
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint path")
-    payloads = [torch.load(p, map_location="cpu", weights_only=True) for p in paths]
+    payloads = [read_checkpoint(p) for p in paths]
     for path, payload in zip(paths[1:], payloads[1:]):
         if payload["config"] != payloads[0]["config"]:
             raise ValueError(
                 f"{path} and {paths[0]} come from differently configured runs; only "
                 f"checkpoints of one run can be averaged"
+            )
+        if payload["tokenizer"] != payloads[0]["tokenizer"]:
+            raise ValueError(
+                f"{path} and {paths[0]} have different tokenizers (token ids mean different "
+                f"words in each); only checkpoints of one run can be averaged"
             )
     weights = {
         # float64 for the sum, so the mean does not depend on the order of the checkpoints
@@ -1352,6 +1788,11 @@ def translate(model, tokenizer, sentences, beam_size=4, alpha=0.6, batch_size=64
     and special tokens never appear in the output."""
     if isinstance(sentences, str):
         raise TypeError("translate takes a list of sentences; wrap a single one: [sentence]")
+    for name, value in (("beam_size", beam_size), ("batch_size", batch_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not (isinstance(alpha, int | float) and 0 <= alpha < math.inf):
+        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
     for i, sentence in enumerate(sentences):
         if not isinstance(sentence, str):
             raise TypeError(f"sentence {i} is a {type(sentence).__name__}, not a str")
@@ -1464,46 +1905,10 @@ TABLE3_ROWS = (
 )
 
 
-def apply_changes(config, changes):
-    """A TrainConfig with a Table 3 row's changes applied: names of ModelConfig fields
-    change config.model, names of TrainConfig fields (smoothing) change config itself."""
-    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    train_fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"model"}
-    unknown = sorted(set(changes) - model_fields - train_fields)
-    if unknown:
-        raise ValueError(
-            f"unknown field(s) {', '.join(unknown)}: a change names a ModelConfig or "
-            f"TrainConfig field"
-        )
-    model = replace(config.model, **{k: v for k, v in changes.items() if k in model_fields})
-    return replace(config, model=model, **{k: v for k, v in changes.items() if k in train_fields})
-
-
 def validation_perplexity(model, data, max_tokens=2000):
     """Table 3's PPL: exp of the mean negative log-likelihood per target token (per BPE
     piece, </s> included) given the source and the reference prefix, without label
     smoothing and with padding excluded. data: (source ids, target ids) pairs as
     encode_pairs returns them, scored in batches of at most max_tokens tokens a side (or
     the longest sentence). Returns a float; the model is left in the mode it was in."""
-    model = unwrap(model)
-    device = next(model.parameters()).device
-    lengths = [(len(s), len(t)) for s, t in data]
-    longest = max(max(pair) for pair in lengths)
-    batches = batch_by_tokens(lengths, max(max_tokens, longest), shuffle=False)
-    training = model.training
-    model.eval()
-    nll, tokens = 0.0, 0
-    with torch.no_grad():
-        for index in batches:
-            batch = Batch.from_ids([data[i] for i in index]).to(device)
-            states = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
-            log_probs = model.generator(states).float()  # (batch, seq_tgt, vocab)
-            nll += F.nll_loss(
-                log_probs.flatten(0, 1),
-                batch.tgt_y.flatten(),
-                ignore_index=PAD_ID,
-                reduction="sum",
-            ).item()
-            tokens += batch.ntokens
-    model.train(training)
-    return math.exp(nll / tokens)
+    return math.exp(validation_loss(model, EncodedCorpus(data), max_tokens))

@@ -9,7 +9,7 @@ torch.nn.Transformer, in one process, with warm-up, interleaved rounds, medians 
 What is timed, per configuration (base: N=6, d_model=512; small: N=2, d_model=256; both with
 a vocabulary of 8000 and a batch of 32 sentences x 30 tokens on each side, no padding):
 
-- train/*: one training step, at.run_step: forward, label-smoothed loss (at.LabelSmoothing),
+- train/*: one training step, at.train_step: forward, label-smoothed loss (fused),
   backward, Adam with the rate of Eq. (3) (at.make_optimizer). Our model on the fused and the
   reference attention path, under bf16 autocast where the hardware computes in bf16, and
   torch.nn.Transformer of the same sizes inside the same embeddings, positional encoding
@@ -173,7 +173,7 @@ def bf16_peak_flops(device_name):
 class TorchTransformer(nn.Module):
     """The baseline: torch.nn.Transformer with the sizes of a ModelConfig (post-LN, ReLU,
     batch_first), inside the same at.Embeddings, at.PositionalEncoding and at.Generator as
-    our model, with the interface of at.EncoderDecoder, so at.run_step trains both alike.
+    our model, with the interface of at.EncoderDecoder, so at.train_step trains both alike.
 
     Known differences from our model: nn.MultiheadAttention has biases on its four
     projections (4 d_model per attention module), and nn.Transformer closes the encoder and
@@ -474,20 +474,26 @@ def random_pairs(n, vocab, src_len, tgt_len, generator):
     return [(s + [at.EOS_ID], [at.BOS_ID] + t + [at.EOS_ID]) for s, t in zip(src, tgt)]
 
 
+def one_update(model, batch, optimizer, scheduler, amp):
+    """One training step through the module's train_step, label smoothing 0.1 (§5.4)."""
+    scaler = torch.amp.GradScaler(batch.src.device.type, enabled=False)
+    dtype = at.autocast_dtype(amp, batch.src.device)
+    at.train_step(model, batch, optimizer, scheduler, scaler, 0.1, amp=dtype)
+
+
 def training_rows(bench, device, bf16):
     """Rows that time one training step of each model on the same fixed batch."""
     generator = torch.Generator().manual_seed(0)
     pairs = random_pairs(bench.batch, bench.vocab, bench.seq, bench.seq, generator)
     batch = fixed_batch(pairs, bench.seq, bench.seq, device)
     flops = training_flops(bench.model, bench.vocab, bench.batch, bench.seq, bench.seq)
-    criterion = at.LabelSmoothing(bench.vocab, at.PAD_ID, smoothing=0.1)
 
     def step_row(key, label, model, amp=None):
         model.to(device).train()
         optimizer, scheduler = at.make_optimizer(model, bench.model.d_model)
 
         def work():
-            at.run_step(model, criterion, batch, optimizer, scheduler, amp)
+            one_update(model, batch, optimizer, scheduler, amp)
 
         return Row(key, label, work, batch.ntokens, flops)
 
@@ -618,7 +624,6 @@ def ladder_rows(bench, device, compile=True):
     ]
     tokens = sum(t for _, t in lengths)
     flops = sum(training_flops(config, bench.vocab, 1, s, t) for s, t in lengths)
-    criterion = at.LabelSmoothing(bench.vocab, at.PAD_ID, smoothing=0.1)
     rows, switches = [], {}
     for key, label, switch in LADDER:
         switches = {**switches, **switch}
@@ -644,7 +649,7 @@ def ladder_rows(bench, device, compile=True):
 
         def work(runner=runner, batches=batches, optimizer=optimizer, scheduler=scheduler, amp=amp):
             for batch in batches:
-                at.run_step(runner, criterion, batch, optimizer, scheduler, amp)
+                one_update(runner, batch, optimizer, scheduler, amp)
 
         rows.append(Row(key, label, work, tokens, flops))
     return rows

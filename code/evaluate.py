@@ -5,7 +5,8 @@ average of the last checkpoints, sacreBLEU on Multi30k val and test2016.
     python code/evaluate.py --run runs/base --out results/base --device cuda
 
 Reads RUN/checkpoint-<step>.pt (the snapshots code/train.py keeps), RUN/checkpoint.pt and
-RUN/train.log; writes RUN/averaged.pt and, in OUT, evaluation.json (the table, sacreBLEU's
+RUN/train.log, and never writes there; writes, in OUT (a folder of its own), averaged.pt,
+evaluation.json (the table, sacreBLEU's
 signature, sample translations, steps, training time, hardware) and metrics.json (the
 training loss, averaged over every 10 steps). Only val should guide choices; test2016 is
 reported.
@@ -17,9 +18,8 @@ import pathlib
 import re
 import sys
 
-import torch
-
 import annotated_transformer as at
+import cli
 
 
 def parse_args(argv=None):
@@ -27,11 +27,19 @@ def parse_args(argv=None):
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--run", type=pathlib.Path, required=True, help="a train.py --out folder")
-    parser.add_argument("--out", type=pathlib.Path, required=True, help="folder for the results")
-    parser.add_argument("--average", type=int, default=5, help="snapshots to average (§6.1: 5)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
-    parser.add_argument("--limit", type=int, help="score only the first LIMIT sentences of a set")
+    parser.add_argument(
+        "--out", type=pathlib.Path, required=True, help="folder for the results (not the run's)"
+    )
+    parser.add_argument(
+        "--average", type=cli.positive_int, default=5, help="snapshots to average (§6.1: 5)"
+    )
+    cli.add_device_flag(parser)
+    parser.add_argument(
+        "--batch-size", type=cli.positive_int, default=64, help="sentences per batch"
+    )
+    parser.add_argument(
+        "--limit", type=cli.positive_int, help="score only the first LIMIT sentences of a set"
+    )
     parser.add_argument(
         "--hardware", help="how to describe the training machine (default: this one)"
     )
@@ -54,28 +62,41 @@ def training_seconds(log_path):
 
 
 def smoothed_history(history, every=10):
-    """The loss averaged over consecutive windows of `every` steps."""
+    """The loss (and, where logged, the cross-entropy) averaged over consecutive windows
+    of `every` steps."""
+    windows = (history[i : i + every] for i in range(0, len(history), every))
     return [
         {
             "step": window[-1]["step"],
-            "loss": round(sum(h["loss"] for h in window) / len(window), 4),
+            **{
+                key: round(sum(h[key] for h in window) / len(window), 4)
+                for key in ("loss", "nll")
+                if key in window[0]
+            },
         }
-        for window in (history[i : i + every] for i in range(0, len(history), every))
+        for window in windows
     ]
 
 
+@cli.user_errors_exit_2("evaluate.py")
 def main(argv=None):
     args = parse_args(argv)
     snapshots = at.snapshot_paths(args.run)
     if not snapshots:
-        print(f"evaluate.py: no checkpoint-<step>.pt in {args.run}", file=sys.stderr)
-        return 2
-    averaged_path = args.run / "averaged.pt"
+        raise FileNotFoundError(f"no checkpoint-<step>.pt in {args.run}: not a training run")
+    cli.own_folder(args.out, args.run)
+    with at.RunFolder(args.out, resume=True):
+        return evaluate(args, snapshots)
+
+
+def evaluate(args, snapshots):
+    averaged_path = args.out / "averaged.pt"
     averaged = at.average_checkpoints(snapshots[-args.average :])
     at.save_checkpoint(averaged_path, averaged)
+    average = f"average of last {len(averaged['averaged_steps'])}"
     sets = {split: at.load_multi30k(split)[: args.limit] for split in ("val", "test2016")}
     rows, samples, signature = [], [], None
-    weights = (("last", snapshots[-1]), (f"average of last {args.average}", averaged_path))
+    weights = (("last", snapshots[-1]), (average, averaged_path))
     for label, path in weights:
         model, tokenizer = at.load_checkpoint(path, args.device)
         for split, pairs in sets.items():
@@ -98,9 +119,9 @@ def main(argv=None):
                         {"source": s, "reference": t, "hypothesis": h}
                         for (s, t), h in zip(pairs[:10], scores["hypotheses"])
                     ]
-    state = torch.load(args.run / "checkpoint.pt", map_location="cpu", weights_only=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    seconds = training_seconds(args.run / "train.log")
+    state = at.read_checkpoint(args.run / "checkpoint.pt")
+    # checkpoints since format 2 keep the training time across resumes; older runs: the log
+    seconds = state.get("seconds") or training_seconds(args.run / "train.log")
     evaluation = {
         "run": str(args.run),
         "config": state["config"],
@@ -114,7 +135,11 @@ def main(argv=None):
         "samples": samples,
     }
     (args.out / "evaluation.json").write_text(json.dumps(evaluation, indent=1) + "\n")
-    metrics = {"every": 10, "history": smoothed_history(state["history"])}
+    metrics = {
+        "every": 10,
+        "history": smoothed_history(state["history"]),
+        "validation": state.get("validations", []),
+    }
     (args.out / "metrics.json").write_text(json.dumps(metrics) + "\n")
     print(f"wrote {args.out / 'evaluation.json'} and {args.out / 'metrics.json'}")
     return 0

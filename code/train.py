@@ -1,17 +1,21 @@
 """Train the Transformer on Multi30k German->English (§5 of the paper).
 
     python code/train.py --profile quick --out runs/quick          # 2 CPU cores, a few minutes
-    python code/train.py --profile base --out runs/base --device cuda
+    python code/train.py --profile base --out runs/base --device cuda --amp auto
     python code/train.py --profile quick --out runs/quick --max-steps 600 --resume
     torchrun --nproc-per-node 8 code/train.py --profile base --out runs/base   # 8 GPUs
 
+Every field of the recipe (TrainConfig) and of the architecture (ModelConfig) is a flag,
+generated from the dataclasses, which overrides the profile: --d-model 256, --dropout 0.2,
+--pre-norm, ... (see --help). --max-tokens is the batch of one update, padding included,
+summed over all processes: under torchrun each of W processes takes max_tokens / W.
+
 Writes OUT/checkpoint.pt (every --checkpoint-every steps and at the end, atomically, all
 that is needed to resume), the weight snapshots OUT/checkpoint-<step>.pt (the last
---keep-checkpoints, for averaging), OUT/tokenizer.json, OUT/metrics.json and OUT/train.log.
-Under torchrun every process trains on its own share of each batch list with
-DistributedDataParallel (NCCL on GPUs, gloo on CPUs); only rank 0 writes files.
-The data come from $MULTI30K_DIR (or --data-dir) when set, otherwise they are downloaded
-once and verified by SHA-256.
+--keep-checkpoints, for averaging, each with its validation figures), OUT/tokenizer.json,
+OUT/metrics.json (loss and cross-entropy per step, validation every --eval-every steps)
+and OUT/train.log. Only rank 0 writes files. The data come from $MULTI30K_DIR (or
+--data-dir) when set, otherwise they are downloaded once and verified by SHA-256.
 """
 
 import argparse
@@ -19,11 +23,53 @@ import dataclasses
 import os
 import pathlib
 import sys
+import typing
 
 import torch
 from tqdm import tqdm
 
 import annotated_transformer as at
+import cli
+
+
+def field_type(cls, name):
+    """The Python type of a dataclass field (int for `int | None`)."""
+    hint = typing.get_type_hints(cls)[name]
+    options = [t for t in typing.get_args(hint) if t is not type(None)]
+    return options[0] if options else hint
+
+
+def config_fields():
+    """(flag name, dataclass, field) for every TrainConfig and ModelConfig field."""
+    found = []
+    for cls in (at.TrainConfig, at.ModelConfig):
+        for f in dataclasses.fields(cls):
+            if f.name != "model":
+                found.append((f.name, cls, f))
+    names = [name for name, _, _ in found]
+    clashes = sorted({n for n in names if names.count(n) > 1})
+    if clashes:
+        raise RuntimeError(f"TrainConfig and ModelConfig both have {clashes}: rename one")
+    return found
+
+
+def add_config_flags(parser):
+    """One flag per config field, default None (= keep the profile's value)."""
+    group = parser.add_argument_group(
+        "recipe and model (each overrides the profile; names as in TrainConfig and ModelConfig)"
+    )
+    for name, cls, _ in config_fields():
+        kind = field_type(cls, name)
+        flag = "--" + name.replace("_", "-")
+        where = f"{cls.__name__}.{name}"
+        if kind is bool:
+            group.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=None, help=where
+            )
+        else:
+            group.add_argument(
+                flag, type=kind, default=None, metavar=kind.__name__.upper(), help=where
+            )
 
 
 def parse_args(argv=None):
@@ -36,83 +82,58 @@ def parse_args(argv=None):
         default="quick",
         help="quick: small model for a CPU (what CI runs); base: the paper's base model for a GPU",
     )
-    parser.add_argument(
-        "--out",
-        type=pathlib.Path,
-        required=True,
-        help="folder for checkpoint, tokenizer, metrics, log",
-    )
+    parser.add_argument("--out", type=pathlib.Path, required=True, help="the run's folder")
     parser.add_argument(
         "--data-dir",
         type=pathlib.Path,
         default=None,
         help="local Multi30k copy (default: $MULTI30K_DIR, else download and cache)",
     )
-    parser.add_argument("--max-steps", type=int, help="stop after this many updates in all")
-    parser.add_argument(
-        "--checkpoint-every", type=int, help="write a checkpoint every this many updates"
-    )
-    parser.add_argument(
-        "--keep-checkpoints", type=int, help="how many weight snapshots to keep for averaging"
-    )
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     parser.add_argument(
-        "--amp", choices=["bf16"], default=None, help="train under bfloat16 autocast"
+        "--amp",
+        choices=at.AMP_CHOICES,
+        default="off",
+        help="mixed precision: auto = bf16 on GPUs that have it, else fp16 with a gradient "
+        "scaler on CUDA, float32 on a CPU",
     )
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument(
-        "--seed", type=int, help="random seed (data order, initialisation, dropout)"
+        "--compile", action="store_true", help="torch.compile the forward pass and loss"
     )
     parser.add_argument(
-        "--device",
-        default="cuda" if torch.cuda.is_available() else "cpu",
-        help="cpu, cuda or cuda:N (default: cuda when available)",
+        "--no-validation", action="store_true", help="skip validation during training"
     )
-    recipe = parser.add_argument_group("model and recipe (each overrides the profile)")
-    for flag, kind, meaning in (
-        ("N", int, "layers in each stack (§3.1)"),
-        ("d_model", int, "model width (§3.1)"),
-        ("d_ff", int, "feed-forward inner size (§3.3)"),
-        ("h", int, "attention heads (§3.2.2)"),
-        ("d_k", int, "query/key size per head (§3.2.2; default d_model / h)"),
-        ("d_v", int, "value size per head (§3.2.2; default d_model / h)"),
-        ("positions", str, "sinusoidal (§3.5) or learned (Table 3 row E)"),
-        ("dropout", float, "P_drop, residual dropout (§5.4)"),
-        ("vocab_size", int, "shared BPE vocabulary size (§5.1)"),
-        ("max_tokens", int, "tokens per batch, per side, padding included (§5.1)"),
-        ("warmup_steps", int, "warm-up steps of Eq. (3) (§5.3)"),
-        ("lr_factor", float, "factor on the learning rate of Eq. (3)"),
-        ("smoothing", float, "label smoothing epsilon_ls (§5.4)"),
-    ):
-        recipe.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=kind, help=meaning)
+    cli.add_device_flag(parser)
+    add_config_flags(parser)
     return parser.parse_args(argv)
 
 
 def config_from_args(args):
-    config = at.PROFILES[args.profile]
-    model_changes = {
-        k: getattr(args, k)
-        for k in ("N", "d_model", "d_ff", "h", "d_k", "d_v", "positions", "dropout")
-        if getattr(args, k) is not None
-    }
+    """The profile with every flag that was given applied (apply_changes)."""
     changes = {
-        k: getattr(args, k)
-        for k in (
-            "vocab_size",
-            "max_tokens",
-            "warmup_steps",
-            "lr_factor",
-            "smoothing",
-            "seed",
-            "max_steps",
-            "checkpoint_every",
-            "keep_checkpoints",
-        )
-        if getattr(args, k) is not None
+        name: getattr(args, name)
+        for name, _, _ in config_fields()
+        if getattr(args, name) is not None
     }
-    return dataclasses.replace(
-        config, model=dataclasses.replace(config.model, **model_changes), **changes
-    )
+    return at.apply_changes(at.PROFILES[args.profile], changes)
+
+
+def command_for(config, profile="quick"):
+    """The train.py flags that turn `profile` into `config` (the inverse of the above)."""
+    base, flags = at.PROFILES[profile], [f"--profile {profile}"]
+    for name, cls, _ in config_fields():
+        owner, base_owner = (config.model, base.model) if cls is at.ModelConfig else (config, base)
+        value = getattr(owner, name)
+        if value != getattr(base_owner, name):
+            flag = "--" + name.replace("_", "-")
+            flags.append(
+                flag
+                if value is True
+                else f"--no-{flag[2:]}"
+                if value is False
+                else f"{flag} {value}"
+            )
+    return "python code/train.py " + " ".join(flags)
 
 
 def start_distributed(device):
@@ -127,18 +148,17 @@ def start_distributed(device):
     return device
 
 
+@cli.user_errors_exit_2("train.py")
 def main(argv=None):
     args = parse_args(argv)
-    try:
-        config = config_from_args(args)
-        pairs = at.load_multi30k("train", data_dir=args.data_dir)
-    except (ValueError, at.DatasetError) as error:
-        print(f"train.py: {error}", file=sys.stderr)
-        return 2
+    config = config_from_args(args)
+    pairs = at.load_multi30k("train", data_dir=args.data_dir)
+    val_pairs = None if args.no_validation else at.load_multi30k("val", data_dir=args.data_dir)
     device = start_distributed(args.device)
     rank, world = at.distributed_rank_and_size()
     args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "train.log", "a") if rank == 0 else open(os.devnull, "w") as log_file:
+    log_file = open(args.out / "train.log", "a") if rank == 0 else open(os.devnull, "w")
+    with log_file:
 
         def log(message):
             tqdm.write(message)  # above the progress bar, not through it
@@ -146,7 +166,8 @@ def main(argv=None):
 
         if rank == 0:
             log(
-                f"training {args.profile} on {len(pairs)} pairs, {world} process(es), "
+                f"training {args.profile} on {len(pairs)} pairs, {world} process(es) of "
+                f"{config.max_tokens // world} tokens a side (global batch {config.max_tokens}), "
                 f"device {device}, amp {args.amp}, compile {args.compile}: {config}"
             )
         try:
@@ -154,6 +175,7 @@ def main(argv=None):
                 config,
                 pairs,
                 args.out,
+                val_pairs=val_pairs,
                 device=device,
                 resume=args.resume,
                 log=log,
@@ -161,9 +183,6 @@ def main(argv=None):
                 amp=args.amp,
                 compile=args.compile,
             )
-        except (ValueError, FileNotFoundError, FileExistsError) as error:
-            print(f"train.py: {error}", file=sys.stderr)
-            return 2
         finally:
             if world > 1:
                 torch.distributed.destroy_process_group()

@@ -36,6 +36,8 @@ from dataclasses import dataclass, replace
 import torch
 
 import annotated_transformer as at
+import cli
+import train as train_cli
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ COLUMNS = [
     "vocab_size",
     "warmup_steps",
     "lr_factor",
+    "train_pairs",
     "train_seconds",
     "cpu_seconds",
     "hardware",
@@ -157,6 +160,7 @@ IDENTITY = [
     "vocab_size",
     "warmup_steps",
     "lr_factor",
+    "train_pairs",
     "scale",
     "decoding",
 ]
@@ -171,22 +175,6 @@ def group_of(label):
     return label[1] if label.startswith("(") else label
 
 
-def train_py_command(config):
-    """The code/train.py command line that trains the same configuration."""
-    quick, flags = at.PROFILES["quick"], []
-    for name in ("N", "d_model", "d_ff", "h", "d_k", "d_v", "positions", "dropout"):
-        value = getattr(config.model, name)
-        if value != getattr(quick.model, name):
-            flags.append(f"--{name.replace('_', '-')} {value}")
-    for name in ("vocab_size", "max_tokens", "warmup_steps", "lr_factor", "smoothing", "seed"):
-        value = getattr(config, name)
-        if value != getattr(quick, name):
-            flags.append(f"--{name.replace('_', '-')} {value}")
-    if config.model.max_len != quick.model.max_len:
-        flags.append(f"(max_len={config.model.max_len}: not a train.py flag)")
-    return f"python code/train.py --profile quick --max-steps {config.max_steps} " + " ".join(flags)
-
-
 def run_variant(
     label,
     changes,
@@ -198,6 +186,7 @@ def run_variant(
     bleu_sentences=None,
     scale="cpu",
     log=print,
+    tokenizer=None,
 ):
     """Train one Table 3 variant, the TrainConfig `base` with `changes` applied
     (at.apply_changes), from scratch (at.train, in a temporary folder) and score it on val
@@ -205,10 +194,12 @@ def run_variant(
     bleu_sentences (all when None), decoding greedily (beam_size=1) or with beam search.
     Returns the run's CSV row as a dict with the keys of COLUMNS."""
     config = at.apply_changes(base, changes)
-    log(f"{label} (seed {config.seed}): {train_py_command(config)}")
+    log(f"{label} (seed {config.seed}): {train_cli.command_for(config)}")
     cpu_start, wall_start = time.process_time(), time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
-        model, tokenizer, _ = at.train(config, train_pairs, folder, device=device, log=log)
+        model, tokenizer, _ = at.train(
+            config, train_pairs, folder, tokenizer=tokenizer, device=device, log=log
+        )
     train_seconds = time.perf_counter() - wall_start
     model.eval()
     ppl = at.validation_perplexity(model, at.encode_pairs(val_pairs, tokenizer), config.max_tokens)
@@ -293,34 +284,29 @@ def parse_args(argv=None):
     parser.add_argument("--rows", nargs="*", default=[], help="labels or groups (default: all)")
     parser.add_argument(
         "--base-seeds",
-        type=int,
+        type=cli.positive_int,
         default=3,
         help="train the base row with seeds 0..K-1, to measure run-to-run spread",
     )
-    parser.add_argument("--max-steps", type=int, help="steps of every run")
-    parser.add_argument("--max-tokens", type=int, help="tokens per batch, per side")
-    parser.add_argument("--warmup-steps", type=int, help="warm-up steps of Eq. (3)")
-    parser.add_argument("--lr-factor", type=float, help="factor on the learning rate of Eq. (3)")
-    parser.add_argument("--vocab-size", type=int, help="shared BPE vocabulary size")
-    parser.add_argument("--beam-size", type=int, help="1: greedy decoding for BLEU")
+    parser.add_argument("--beam-size", type=cli.positive_int, help="1: greedy decoding for BLEU")
     parser.add_argument(
-        "--bleu-sentences", type=int, help="score BLEU on the first this many val sentences"
+        "--train-pairs",
+        type=cli.positive_int,
+        help="train on the first this many pairs only (tests); recorded with each row",
     )
+    cli.add_device_flag(parser)
     parser.add_argument(
-        "--train-pairs", type=int, help="train on the first this many pairs only (tests)"
-    )
-    parser.add_argument(
-        "--device",
-        default="cuda" if torch.cuda.is_available() else "cpu",
-        help="cpu, cuda or cuda:N (default: cuda when available)",
-    )
-    parser.add_argument(
-        "--threads", type=int, default=1, help="CPU threads for PyTorch and the tokenizer"
+        "--threads",
+        type=cli.positive_int,
+        default=1,
+        help="CPU threads for PyTorch and the tokenizer",
     )
     parser.add_argument("--data-dir", type=pathlib.Path, help="local Multi30k copy")
+    train_cli.add_config_flags(parser)  # every TrainConfig/ModelConfig field, on the base
     return parser.parse_args(argv)
 
 
+@cli.user_errors_exit_2("variations.py")
 def main(argv=None):
     args = parse_args(argv)
     # the tokenizer's thread pool starts on first use and reads this then
@@ -330,11 +316,11 @@ def main(argv=None):
     try:
         labels = selected_rows(scale, args.rows)
         overrides = {
-            k: getattr(args, k)
-            for k in ("max_steps", "max_tokens", "warmup_steps", "lr_factor", "vocab_size")
-            if getattr(args, k) is not None
+            name: getattr(args, name)
+            for name, _, _ in train_cli.config_fields()
+            if getattr(args, name) is not None
         }
-        base = replace(scale.base, **overrides)
+        base = at.apply_changes(scale.base, overrides)
         base = replace(base, checkpoint_every=base.max_steps)
         train_pairs = at.load_multi30k("train", data_dir=args.data_dir)
         val_pairs = at.load_multi30k("val", data_dir=args.data_dir)
@@ -348,6 +334,7 @@ def main(argv=None):
     args.out.mkdir(parents=True, exist_ok=True)
     csv_path, log_path = args.out / "variations.csv", args.out / "variations.log"
     rows = read_rows(csv_path)
+    tokenizers = {}  # one BPE vocabulary per size, shared by every row that uses it
     with open(log_path, "a") as log_file:
 
         def log(message):
@@ -370,10 +357,15 @@ def main(argv=None):
                     "lr_factor": str(config.lr_factor),
                     "scale": args.scale,
                     "decoding": "greedy" if beam_size == 1 else f"beam {beam_size}, alpha 0.6",
+                    "train_pairs": str(len(train_pairs)),
                 }
-                if any(all(r[k] == planned[k] for k in IDENTITY) for r in rows):
+                # rows written before train_pairs was recorded trained on all pairs
+                done = ({**r, "train_pairs": r.get("train_pairs") or "29000"} for r in rows)
+                if any(all(r[k] == planned[k] for k in IDENTITY) for r in done):
                     log(f"{label} (seed {seed}): already in {csv_path}, skipped")
                     continue
+                if config.vocab_size not in tokenizers:
+                    tokenizers[config.vocab_size] = at.train_bpe(train_pairs, config.vocab_size)
                 row = run_variant(
                     label,
                     scale.rows[label],
@@ -385,7 +377,9 @@ def main(argv=None):
                     bleu_sentences,
                     args.scale,
                     log,
+                    tokenizers[config.vocab_size],
                 )
+                row["train_pairs"] = len(train_pairs)
                 rows.append({k: str(v) for k, v in row.items()})
                 write_rows(csv_path, rows)
     return 0

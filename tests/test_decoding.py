@@ -257,12 +257,14 @@ def test_evaluate_command_line_writes_the_table(tiny_run, tmp_path, monkeypatch)
     assert evaluate.main(["--run", str(folder), "--out", str(tmp_path), "--average", "2"]) == 0
     evaluation = json.loads((tmp_path / "evaluation.json").read_text())
     assert evaluation["steps"] == 6 and evaluation["averaged_steps"] == [3, 6]
-    assert evaluation["train_hours"] is None  # trained from Python: no train.log
+    seconds = torch.load(folder / "checkpoint.pt", weights_only=True)["seconds"]
+    assert evaluation["train_hours"] == round(seconds / 3600, 2)  # kept by the checkpoint
     assert len(evaluation["results"]) == 8  # 2 weights x 2 sets x 2 decodings
     assert {r["decoding"] for r in evaluation["results"]} == {"greedy", "beam 4, alpha 0.6"}
     assert len(evaluation["samples"]) == 8
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["history"][0]["step"] == 6  # one window of 10 steps, ending at step 6
+    assert (tmp_path / "averaged.pt").exists() and not (folder / "averaged.pt").exists()
 
 
 def test_training_time_is_read_from_the_log_across_resumes(tmp_path):

@@ -3,6 +3,8 @@ that are atomic and resume exactly, the copy task and the command line."""
 
 import dataclasses
 import json
+import math
+import os
 import pathlib
 import subprocess
 import sys
@@ -103,13 +105,35 @@ def test_optimizer_is_adam_with_the_papers_betas_and_update_k_uses_rate_k():
 # ---- label smoothing ---------------------------------------------------------------------
 
 
-def test_label_smoothing_distribution():
-    criterion = at.LabelSmoothing(size=6, padding_idx=0, smoothing=0.2)
-    dist = criterion.target_distribution(torch.tensor([3, 0, 5]))
-    assert dist[0].tolist() == pytest.approx([0, 0.05, 0.05, 0.8, 0.05, 0.05])
-    assert dist[1].tolist() == [0] * 6  # a padding position has no target
-    assert dist[:, 0].tolist() == [0, 0, 0]  # padding is never a target
+def test_label_smoothing_distribution_is_szegedys():
+    criterion = at.LabelSmoothing(size=5, padding_idx=0, smoothing=0.2)
+    dist = criterion.target_distribution(torch.tensor([3, 0, 4]))
+    assert dist[0].tolist() == pytest.approx([0.04, 0.04, 0.04, 0.84, 0.04])
+    assert dist[1].tolist() == [0] * 5  # a padding position has no target
     assert dist[2].sum().item() == pytest.approx(1.0)
+
+
+def test_fused_loss_differs_from_label_smoothing_by_exactly_the_targets_entropy():
+    K, eps = 50, 0.1
+    logits = torch.randn(12, K, dtype=torch.float64)
+    target = torch.randint(1, K, (12,))
+    target[[2, 7]] = at.PAD_ID
+    fused = at.label_smoothed_loss(logits, target, eps)
+    kl = at.LabelSmoothing(K, at.PAD_ID, eps)(logits.log_softmax(-1), target)
+    high, low = 1 - eps + eps / K, eps / K
+    entropy = -(high * math.log(high) + (K - 1) * low * math.log(low))
+    assert fused.item() == pytest.approx(kl.item() + 10 * entropy, rel=1e-12)
+    # and the same gradients: the constant does not depend on the logits
+    a, b = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    at.label_smoothed_loss(a, target, eps).backward()
+    at.LabelSmoothing(K, at.PAD_ID, eps)(b.log_softmax(-1), target).backward()
+    assert torch.allclose(a.grad, b.grad, atol=1e-12)
+
+
+def test_a_uniform_prediction_scores_ln_vocabulary_with_or_without_smoothing():
+    for eps in (0.0, 0.1, 0.3):
+        loss = at.label_smoothed_loss(torch.zeros(3, 800), torch.tensor([5, 6, 7]), eps)
+        assert loss.item() / 3 == pytest.approx(math.log(800), rel=1e-6)
 
 
 def test_padding_positions_contribute_nothing_to_the_loss():
@@ -178,8 +202,8 @@ def test_bf16_autocast_trains_close_to_float32(tmp_path):
         runs[amp] = [h["loss"] for h in history]
     assert runs[None] != runs["bf16"]  # autocast really changed the arithmetic
     assert max(abs(a - b) for a, b in zip(runs[None], runs["bf16"])) < 0.1
-    with pytest.raises(ValueError, match="amp must be None or 'bf16'"):
-        at.train(TINY, toy_pairs(), tmp_path / "fp16", log=quiet, amp="fp16")
+    with pytest.raises(ValueError, match="amp must be one of auto, bf16, fp16, off"):
+        at.train(TINY, toy_pairs(), tmp_path / "fp32", log=quiet, amp="fp32")
 
 
 DISTRIBUTED_SCRIPT = """
@@ -191,63 +215,69 @@ import annotated_transformer as at
 torch.distributed.init_process_group("gloo")
 rank = torch.distributed.get_rank()
 config = at.TrainConfig(**{config!r})
-model, _, history = at.train(config, json.load(open({pairs!r})), {out!r}, log=lambda m: None)
-torch.save({{"model": model.state_dict(), "history": history}}, f"{out}/rank{{rank}}.pt")
+pairs = json.load(open({pairs!r}))
+for steps, out, resume in {plan!r}:
+    config = at.apply_changes(config, {{"max_steps": steps}})
+    model, _, history = at.train(config, pairs, out, resume=resume, log=lambda m: None)
+    torch.save({{"model": model.state_dict(), "history": history, "rng": torch.get_rng_state()}},
+               f"{{out}}/rank{{rank}}-{{steps}}.pt")
 torch.distributed.destroy_process_group()
 """
 
 
-def test_two_processes_under_torchrun_end_with_identical_parameters(tmp_path):
+def run_two_ranks(tmp_path, plan, config):
     pairs = toy_pairs(120)
     (tmp_path / "pairs.json").write_text(json.dumps(pairs))
-    fields = dataclasses.asdict(dataclasses.replace(TINY, max_steps=4, checkpoint_every=2))
+    fields = dataclasses.asdict(config)
     fields["model"] = at.ModelConfig(**fields["model"])
     script = tmp_path / "run.py"
     script.write_text(
         DISTRIBUTED_SCRIPT.format(
-            code=str(ROOT / "code"),
-            config=fields,
-            pairs=str(tmp_path / "pairs.json"),
-            out=str(tmp_path / "run"),
+            code=str(ROOT / "code"), config=fields, pairs=str(tmp_path / "pairs.json"), plan=plan
         ).replace("ModelConfig(", "at.ModelConfig(")
     )
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
-        [*command, "--nproc-per-node", "2", str(script)], capture_output=True, text=True
+        [*command, "--nproc-per-node", "2", str(script)], capture_output=True, text=True, env=env
     )
-    assert result.returncode == 0, result.stderr[-2000:]
-    ranks = [torch.load(tmp_path / "run" / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
-    for name, tensor in ranks[0]["model"].items():
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_two_ranks_n_steps_straight_equal_half_then_resume_bit_for_bit(tmp_path):
+    config = dataclasses.replace(TINY, max_steps=8, checkpoint_every=2, max_tokens=400)
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    run_two_ranks(tmp_path, [(8, a, False), (4, b, False), (8, b, True)], config)
+    for rank in (0, 1):
+        straight = torch.load(f"{a}/rank{rank}-8.pt", weights_only=True)
+        resumed = torch.load(f"{b}/rank{rank}-8.pt", weights_only=True)
+        for name, tensor in straight["model"].items():
+            assert torch.equal(tensor, resumed["model"][name]), (rank, name)
+        assert torch.equal(straight["rng"], resumed["rng"])  # the same dropout stream
+        assert straight["history"] == resumed["history"]
+    ranks = [torch.load(f"{a}/rank{r}-8.pt", weights_only=True) for r in (0, 1)]
+    for name, tensor in ranks[0]["model"].items():  # DDP kept the replicas identical
         assert torch.equal(tensor, ranks[1]["model"][name]), name
-    # each rank trained on its own share of the batches ...
-    tokens = [[h["tokens"] for h in rank["history"]] for rank in ranks]
-    assert tokens[0] != tokens[1] and len(tokens[0]) == 4
-    # ... and only rank 0 wrote checkpoints, metrics and the tokenizer
-    written = {p.name for p in (tmp_path / "run").iterdir()}
-    assert written == {
-        "checkpoint.pt",
-        "checkpoint-0000002.pt",
-        "checkpoint-0000004.pt",
-        "metrics.json",
-        "tokenizer.json",
-        "rank0.pt",
-        "rank1.pt",
-    }
-    initial = at.build_model(
-        ranks[0]["model"]["generator.projection.weight"].size(0),
-        ranks[0]["model"]["generator.projection.weight"].size(0),
-        TINY.model,
-    )
-    assert not torch.equal(
-        initial.state_dict()["encoder.layers.0.feed_forward.w_1.weight"],
-        ranks[0]["model"]["encoder.layers.0.feed_forward.w_1.weight"],
-    )
+    assert not torch.equal(ranks[0]["rng"], ranks[1]["rng"])  # but their dropout differs
+    checkpoint = torch.load(f"{b}/checkpoint.pt", weights_only=True)
+    assert len(checkpoint["rng"]) == 2  # one random state per rank
+    # the logged loss is all ranks' (all-reduced), the same on both, per global token
+    assert ranks[0]["history"] == ranks[1]["history"]
+    # only rank 0 wrote the run's files
+    assert {p.name for p in (tmp_path / "a").iterdir()} == {
+        "checkpoint.pt", "checkpoint-0000004.pt", "checkpoint-0000006.pt",
+        "checkpoint-0000008.pt", "checkpoint-0000002.pt", "metrics.json", "tokenizer.json",
+        "rank0-8.pt", "rank1-8.pt",
+    }  # fmt: skip
 
 
 def test_resuming_with_another_configuration_is_refused(tmp_path):
     at.train(TINY, toy_pairs(), tmp_path, log=quiet)
     other = dataclasses.replace(TINY, smoothing=0.2, max_steps=9)
-    with pytest.raises(ValueError, match="different configuration .*smoothing"):
+    with pytest.raises(ValueError, match="different configuration .*smoothing: 0.1 -> 0.2"):
+        at.train(other, toy_pairs(), tmp_path, resume=True, log=quiet)
+    other = at.apply_changes(TINY, {"dropout": 0.3})
+    with pytest.raises(ValueError, match=r"\(model\.dropout: 0\.1 -> 0\.3\)"):
         at.train(other, toy_pairs(), tmp_path, resume=True, log=quiet)
 
 
@@ -294,15 +324,16 @@ def test_copy_task_is_learned_and_greedy_decoding_reproduces_the_input():
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(0)
     vocab = 12
-    model = at.make_model(
-        vocab, vocab, N=2, d_model=64, d_ff=128, h=4, dropout=0.0, share_embeddings=True
+    config = at.TrainConfig(
+        model=at.ModelConfig(N=2, d_model=64, d_ff=128, h=4, dropout=0.0, share_embeddings=True),
+        vocab_size=vocab,
+        warmup_steps=100,
     )
-    optimizer, scheduler = at.make_optimizer(model, 64, factor=1.0, warmup=100)
-    criterion = at.LabelSmoothing(vocab, at.PAD_ID, 0.0)
+    run = at.build_training(config, vocab)
     for _ in range(600):
         batch = at.Batch.from_ids(at.copy_task_pairs(32, vocab, 10, generator))
-        at.run_step(model, criterion, batch, optimizer, scheduler)
-    model.eval()
+        at.train_step(run.model, batch, run.optimizer, run.scheduler, run.scaler, 0.0)
+    model = run.model.eval()
     test = at.Batch.from_ids(at.copy_task_pairs(20, vocab, 10, generator))
     with torch.no_grad():
         output = at.greedy_decode(model, test.src, test.src_mask, max_len=11)
@@ -316,21 +347,42 @@ def test_copy_task_is_learned_and_greedy_decoding_reproduces_the_input():
 # ---- the command line ------------------------------------------------------------------------
 
 
-def test_help_is_clear():
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "code" / "train.py"), "--help"], capture_output=True, text=True
+def test_every_config_field_is_a_flag_that_parses():
+    import train
+
+    for name, cls, _ in train.config_fields():
+        flag = "--" + name.replace("_", "-")
+        kind = train.field_type(cls, name)
+        given = {bool: [flag], int: [flag, "3"], float: [flag, "0.25"], str: [flag, "learned"]}
+        args = train.parse_args(["--out", "x", *given[kind]])
+        assert getattr(args, name) == {bool: True, int: 3, float: 0.25, str: "learned"}[kind]
+    names = {name for name, _, _ in train.config_fields()}
+    assert {"attention_dropout", "relu_dropout", "pre_norm", "weight_decay", "eval_every"} <= names
+
+
+def test_a_new_config_field_becomes_a_flag_with_no_other_edit(monkeypatch):
+    import train
+
+    @dataclasses.dataclass(frozen=True)
+    class Extended(at.TrainConfig):
+        gradient_clip: float = 0.0
+
+    monkeypatch.setattr(at, "TrainConfig", Extended)
+    args = train.parse_args(["--out", "x", "--gradient-clip", "1.5"])
+    assert args.gradient_clip == 1.5
+
+
+def test_flags_override_the_profile_through_apply_changes_and_round_trip():
+    import train
+
+    args = train.parse_args(
+        ["--out", "x", "--d-model", "128", "--pre-norm", "--lr-factor", "0.5", "--h", "8"]
     )
-    assert result.returncode == 0
-    for flag in (
-        "--profile",
-        "--out",
-        "--max-steps",
-        "--resume",
-        "--seed",
-        "--device",
-        "--d-model",
-    ):
-        assert flag in result.stdout
+    config = train.config_from_args(args)
+    assert config.model.d_model == 128 and config.model.pre_norm and config.model.h == 8
+    assert config.lr_factor == 0.5 and config.model.N == at.PROFILES["quick"].model.N
+    command = train.command_for(config).split()[2:]
+    assert train.config_from_args(train.parse_args(["--out", "x", *command])) == config
 
 
 def test_command_line_trains_and_resumes(tmp_path, monkeypatch):
@@ -377,3 +429,168 @@ def test_command_line_reports_missing_data(tmp_path, monkeypatch, capsys):
         train.main(["--out", str(tmp_path / "run"), "--data-dir", str(tmp_path / "nowhere")]) == 2
     )
     assert "MULTI30K_DIR" in capsys.readouterr().err
+
+
+# ---- the GPU code paths, exercised on the CPU ------------------------------------------------
+
+
+def tiny_batch(vocab=40, n=6, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return at.Batch.from_ids(at.copy_task_pairs(n, vocab, 7, generator))
+
+
+def test_fp16_autocast_with_a_gradient_scaler_takes_a_finite_step_on_cpu():
+    config = dataclasses.replace(TINY, vocab_size=40)
+    run = at.build_training(config, 40, "cpu", torch.float16)
+    assert run.scaler.is_enabled()  # float16 needs the scaler; bf16 and fp32 do not
+    before = parameters(run.model)
+    sums = at.train_step(
+        run.model, tiny_batch(), run.optimizer, run.scheduler, run.scaler, 0.1, amp=torch.float16
+    )
+    assert torch.isfinite(sums).all() and run.scaler.get_scale() > 0
+    after = parameters(run.model)
+    assert any(not torch.equal(x, y) for x, y in zip(before, after))
+    assert all(torch.isfinite(p).all() for p in after)
+
+
+def test_amp_auto_is_float32_on_a_cpu_and_names_are_checked():
+    assert at.autocast_dtype("auto", "cpu") is None
+    assert at.autocast_dtype("bf16", "cpu") is torch.bfloat16
+    assert at.autocast_dtype("fp16", "cuda") is torch.float16
+    with pytest.raises(ValueError, match="amp must be one of"):
+        at.autocast_dtype("half", "cpu")
+
+
+def test_compiled_step_equals_eager_within_tolerance():
+    config = dataclasses.replace(
+        TINY, vocab_size=40, model=dataclasses.replace(TINY.model, dropout=0.0)
+    )
+    runs = [at.build_training(config, 40) for _ in range(2)]
+    compiled = torch.compile(at.forward_loss)
+    for step in range(3):
+        batch = tiny_batch(seed=step)
+        eager = at.train_step(runs[0].model, batch, runs[0].optimizer, runs[0].scheduler,
+                              runs[0].scaler, 0.1)  # fmt: skip
+        fast = at.train_step(runs[1].model, batch, runs[1].optimizer, runs[1].scheduler,
+                             runs[1].scaler, 0.1, loss_fn=compiled)  # fmt: skip
+        assert torch.allclose(eager, fast, rtol=1e-4)
+    for x, y in zip(parameters(runs[0].model), parameters(runs[1].model)):
+        assert torch.allclose(x, y, atol=1e-5)
+
+
+def test_the_whole_training_step_runs_on_the_meta_device():
+    # every tensor the step creates must follow the model's device: a placement error
+    # (a tensor made on the CPU by default) fails here just as it would on a GPU
+    with torch.device("meta"):
+        run = at.build_training(dataclasses.replace(TINY, vocab_size=40), 40, "meta")
+    corpus = at.EncodedCorpus(at.copy_task_pairs(8, 40, 5, torch.Generator().manual_seed(0)))
+    batch = corpus.batch(list(range(8)), device="meta")
+    assert batch.src.device.type == "meta" and batch.tgt_mask.device.type == "meta"
+    sums = at.train_step(run.model, batch, run.optimizer, run.scheduler, run.scaler, 0.1)
+    assert sums.device.type == "meta" and sums.shape == (2,)
+
+
+# ---- the faster loop -----------------------------------------------------------------------
+
+
+def test_a_batch_cut_from_the_encoded_corpus_equals_one_padded_from_lists():
+    data = at.encode_pairs(toy_pairs(), at.train_bpe(toy_pairs(), 200))
+    corpus = at.EncodedCorpus(data)
+    for indices in at.batch_by_tokens(corpus.lengths, 60, seed=0):
+        fast, slow = corpus.batch(indices), at.Batch.from_ids([data[i] for i in indices])
+        for name in ("src", "tgt_in", "tgt_y", "src_mask", "tgt_mask"):
+            assert torch.equal(getattr(fast, name), getattr(slow, name)), name
+        assert fast.ntokens == slow.ntokens
+        bucketed = corpus.batch(indices, multiple_of=8)
+        assert bucketed.src.size(1) % 8 == 0 and bucketed.tgt_in.size(1) % 8 == 0
+        assert bucketed.ntokens == slow.ntokens
+
+
+def test_the_loss_is_read_from_the_device_only_every_log_every_steps(tmp_path, monkeypatch):
+    reads = []
+    original = at.record_steps
+
+    def counting(run, pending, world):
+        reads.append(len(run.history) + len(pending))  # the step a read reaches
+        original(run, pending, world)
+
+    monkeypatch.setattr(at, "record_steps", counting)
+    pairs = toy_pairs(400)  # about 20 batches an epoch
+    config = dataclasses.replace(TINY, max_steps=23, checkpoint_every=23, log_every=5)
+    _, tokenizer, history = at.train(config, pairs, tmp_path, log=quiet)
+    corpus = at.EncodedCorpus.from_pairs(pairs, tokenizer)
+    per_epoch = len(at.update_groups(corpus, config, epoch=0))
+    assert per_epoch < 23
+    # every 5 steps, at the end, and at the end of an epoch (once per pass over the data)
+    assert reads == sorted({5, 10, 15, 20, 23, per_epoch}), reads
+    assert [h["step"] for h in history] == list(range(1, 24))
+
+
+def test_validation_during_training_is_logged_and_stored_with_snapshots(tmp_path):
+    config = dataclasses.replace(TINY, max_steps=6, eval_every=3, bleu_sentences=10)
+    at.train(config, toy_pairs(), tmp_path, val_pairs=toy_pairs(20, seed=5), log=quiet)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert [v["step"] for v in metrics["validation"]] == [3, 6]
+    for entry in metrics["validation"]:
+        assert {"seconds", "tokens_seen", "val_loss", "val_ppl", "val_bleu"} <= entry.keys()
+        assert entry["val_ppl"] == pytest.approx(math.exp(entry["val_loss"]), rel=1e-3)
+        assert entry["bleu_sentences"] == 10 and 0 <= entry["val_bleu"] <= 100
+    assert metrics["validation"][1]["tokens_seen"] == sum(h["tokens"] for h in metrics["history"])
+    snapshot = torch.load(tmp_path / "checkpoint-0000006.pt", weights_only=True)
+    assert snapshot["validation"] == metrics["validation"][1]
+    assert all("nll" in h for h in metrics["history"])
+
+
+def test_a_given_tokenizer_is_used_and_not_retrained(tmp_path, monkeypatch):
+    tokenizer = at.train_bpe(toy_pairs(), 200)
+    monkeypatch.setattr(at, "train_bpe", lambda *a, **k: pytest.fail("retrained the BPE"))
+    _, used, _ = at.train(TINY, toy_pairs(), tmp_path, tokenizer=tokenizer, log=quiet)
+    assert used is tokenizer
+    assert at.load_tokenizer(tmp_path / "tokenizer.json").to_str() == tokenizer.to_str()
+
+
+# ---- refusals --------------------------------------------------------------------------------
+
+
+def test_a_second_process_cannot_train_into_a_busy_folder(tmp_path):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        (tmp_path / ".lock").write_text(f"{__import__('socket').gethostname()} {sleeper.pid}\n")
+        with pytest.raises(FileExistsError, match="is in use by process"):
+            at.train(TINY, toy_pairs(), tmp_path, log=quiet)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # the holder is dead now: its lock is stale and the folder is taken over
+    at.train(TINY, toy_pairs(), tmp_path, log=quiet)
+    assert not (tmp_path / ".lock").exists()  # released at the end
+
+
+def test_stale_temporary_files_of_a_killed_save_are_removed_at_the_next_start(tmp_path):
+    at.train(TINY, toy_pairs(), tmp_path, log=quiet)
+    (tmp_path / "checkpoint.ptabc123.tmp").write_bytes(b"half a checkpoint")
+    at.train(dataclasses.replace(TINY, max_steps=7), toy_pairs(), tmp_path, resume=True, log=quiet)
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_missing_gpu_is_reported_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setattr(at.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(at, "train_bpe", lambda *a, **k: pytest.fail("work was done first"))
+    with pytest.raises(ValueError, match="sees no GPU"):
+        at.train(TINY, toy_pairs(), tmp_path, device="cuda", log=quiet)
+    with pytest.raises(ValueError, match="is not a device"):
+        at.train(TINY, toy_pairs(), tmp_path, device="gpu0", log=quiet)
+
+
+def test_non_finite_or_non_positive_learning_rate_factors_are_refused():
+    for bad in (float("nan"), float("inf"), 0.0, -1.0):
+        with pytest.raises(ValueError, match="lr_factor must be a positive finite number"):
+            dataclasses.replace(TINY, lr_factor=bad)
+
+
+def test_a_damaged_checkpoint_is_named_with_what_is_wrong(tmp_path):
+    at.train(TINY, toy_pairs(), tmp_path, log=quiet)
+    (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint at all")
+    with pytest.raises(ValueError, match=r"checkpoint\.pt cannot be read as a checkpoint"):
+        at.train(dataclasses.replace(TINY, max_steps=9), toy_pairs(), tmp_path, resume=True,
+                 log=quiet)  # fmt: skip
