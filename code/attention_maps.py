@@ -30,6 +30,7 @@ import sys
 import torch
 
 import annotated_transformer as at
+import cli
 
 KINDS = ("encoder_self", "decoder_self", "encoder_decoder")
 
@@ -403,6 +404,7 @@ def link_weights(records):
     ]
 
 
+@cli.user_errors_exit_2("attention_maps.py")
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -418,10 +420,13 @@ def main(argv=None):
         "stored too, to show which findings hold from one snapshot to the next",
     )
     parser.add_argument("--data-dir", type=pathlib.Path, default=None, help="Multi30k folder")
-    parser.add_argument("--beam-size", type=int, default=4)
-    parser.add_argument("--alpha", type=float, default=0.6)
+    parser.add_argument("--beam-size", type=cli.positive_int, default=4)
+    parser.add_argument("--alpha", type=cli.non_negative_float, default=0.6)
     parser.add_argument(
-        "--sample", type=int, default=300, help="validation sentences for the head statistics"
+        "--sample",
+        type=cli.positive_int,
+        default=300,
+        help="validation sentences for the head statistics",
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

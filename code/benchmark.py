@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 import annotated_transformer as at
+import cli
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCHEMA = 1
@@ -840,18 +841,22 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    cli.add_device_flag(parser)
+    parser.add_argument(
+        "--threads", type=cli.positive_int, help="torch CPU threads (default: torch's)"
+    )
     parser.add_argument(
         "--config", nargs="+", choices=sorted(CONFIGS), default=["base"], help="configurations"
     )
-    parser.add_argument("--rounds", type=int, help="interleaved rounds per row (default 7)")
+    parser.add_argument(
+        "--rounds", type=cli.positive_int, help="interleaved rounds per row (default 7)"
+    )
     parser.add_argument(
         "--warmup", type=int, help="untimed calls per row before the rounds (default 2, at least 1)"
     )
     parser.add_argument(
         "--min-seconds",
-        type=float,
+        type=cli.non_negative_float,
         default=0.2,
         help="repeat a row's work within one measurement until it lasts this long",
     )
@@ -884,6 +889,7 @@ def parse_args(argv=None):
     return args
 
 
+@cli.user_errors_exit_2("benchmark.py")
 def main(argv=None, log=None):
     args = parse_args(argv)
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))

@@ -1,0 +1,214 @@
+"""Choose the Multi30k recipe on validation data, by successive halving on a CPU.
+
+    python code/recipe_search.py --out runs/search                     # every rung
+    python code/recipe_search.py --out runs/search --rungs 0           # only the first
+    python code/recipe_search.py --out runs/search --csv results/search/trials.csv
+
+Every trial is the starting recipe (START, the quick profile changed as below) with one
+group of settings changed (TRIALS). Rung k trains each surviving trial until it has used
+BUDGETS_MINUTES[k] minutes of CPU time in all (a trial promoted to the next rung resumes
+its own checkpoint: Eq. (3) does not depend on the run's length, so this is the same as a
+longer run from the start), then scores it on Multi30k val: cross-entropy on all 1014
+pairs and greedy sacreBLEU on the first 500. The best third (at least one) of a rung goes
+on to the next. Several searches with disjoint --trials may run at once (one per core),
+sharing OUT; run the later rungs with every trial once the first is complete. Only val
+is ever looked at: test2016 is not loaded.
+
+Time is CPU time of this process (time.process_time), one thread by default, so that a
+trial's budget does not depend on what else the machine is doing; each row also records
+the wall time. Everything resumes: run it again and finished work is skipped. Each
+evaluation is appended to OUT/trials.csv (and copied to --csv).
+"""
+
+import argparse
+import csv
+import json
+import os
+import pathlib
+import shutil
+import sys
+import time
+
+import torch
+
+import annotated_transformer as at
+import cli
+import train as train_cli
+
+# where the search starts: a 3-layer model of width 256, Eq. (3) peaking near 1e-3
+START = at.apply_changes(
+    at.PROFILES["quick"],
+    {
+        "N": 3,
+        "h": 8,
+        "d_ff": 512,
+        "warmup_steps": 400,
+        "lr_factor": 0.33,
+        "eval_every": 250,
+        "checkpoint_every": 250,
+        "bleu_sentences": 500,
+        "log_every": 50,
+        "max_steps": 250,
+    },
+)
+TRIALS = {
+    "start": {},
+    "lr x2": {"lr_factor": 0.66},
+    "warmup 1000": {"warmup_steps": 1000, "lr_factor": 0.52},  # the same peak, reached later
+    "dropout 0.3": {"dropout": 0.3},
+    "attention+relu dropout 0.1": {"attention_dropout": 0.1, "relu_dropout": 0.1},
+    "d_ff 1024": {"d_ff": 1024},
+    "N 4": {"N": 4},
+    "d_model 384": {"d_model": 384, "d_ff": 768, "lr_factor": 0.4},
+    "batch 4000": {"max_tokens": 4000},
+    "vocab 5000": {"vocab_size": 5000},
+    "smoothing 0.2": {"smoothing": 0.2},
+    "weight decay 0.1": {"weight_decay": 0.1},
+}
+BUDGETS_MINUTES = (20, 60)
+COLUMNS = (
+    "trial", "rung", "budget_min", "step", "cpu_seconds", "wall_seconds", "tokens_seen",
+    "epochs", "val_loss", "val_ppl", "val_bleu", "bleu_sentences", "params", "changes",
+    "command", "hardware",
+)  # fmt: skip
+
+
+def folder_name(trial):
+    return "".join(c if c.isalnum() else "-" for c in trial).strip("-")
+
+
+def tokenizer_for(out, pairs, vocab_size):
+    """One BPE vocabulary per size, learned once and shared by every trial that uses it."""
+    path = out / f"tokenizer-{vocab_size}.json"
+    if not path.exists():
+        at.train_bpe(pairs, vocab_size, path)
+    return at.load_tokenizer(path)
+
+
+def epoch_tokens(out, pairs, config):
+    """Target tokens in one pass over the training pairs, with this trial's vocabulary."""
+    corpus = at.EncodedCorpus.from_pairs(pairs, tokenizer_for(out, pairs, config.vocab_size))
+    return corpus.target_tokens(range(len(corpus)))
+
+
+def spent(folder):
+    state = folder / "search.json"
+    return json.loads(state.read_text()) if state.exists() else {"cpu_seconds": 0.0}
+
+
+def train_until(trial, config, budget, out, pairs, val_pairs, log):
+    """Train `trial` in chunks of eval_every steps until it has used `budget` CPU seconds;
+    returns the metrics of its last validation."""
+    folder = out / "trials" / folder_name(trial)
+    state = spent(folder)
+    tokenizer = tokenizer_for(out, pairs, config.vocab_size)
+    while state["cpu_seconds"] < budget:
+        resume = (folder / "checkpoint.pt").exists()
+        step = torch.load(folder / "checkpoint.pt", weights_only=True)["step"] if resume else 0
+        chunk = at.apply_changes(config, {"max_steps": step + config.eval_every})
+        start = time.process_time()
+        at.train(chunk, pairs, folder, tokenizer, val_pairs, resume=resume, log=log)
+        state["cpu_seconds"] += time.process_time() - start
+        at.write_json(folder / "search.json", state)
+    metrics = json.loads((folder / "metrics.json").read_text())
+    return metrics, state["cpu_seconds"]
+
+
+def read_rows(path):
+    return list(csv.DictReader(open(path))) if path.exists() else []
+
+
+def record(row, path, extra_csv):
+    """Add a row to the table, re-read first: several searches may share it (disjoint
+    --trials, one thread each, on a machine with several cores)."""
+    rows = [
+        r for r in read_rows(path) if (r["trial"], r["rung"]) != (row["trial"], str(row["rung"]))
+    ]
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows([*rows, row])
+    os.replace(tmp, path)
+    if extra_csv:
+        extra_csv.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, extra_csv)
+
+
+@cli.user_errors_exit_2("recipe_search.py")
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=pathlib.Path, required=True, help="the search's folder")
+    parser.add_argument("--rungs", type=int, nargs="*", help="which rungs (default: all)")
+    parser.add_argument("--trials", nargs="*", help="a subset of TRIALS (default: all)")
+    parser.add_argument(
+        "--budgets",
+        type=cli.positive_float,
+        nargs="*",
+        help="CPU minutes per rung (default: %(default)s)",
+    )
+    parser.add_argument("--threads", type=cli.positive_int, default=1)
+    parser.add_argument("--csv", type=pathlib.Path, help="also copy the table here")
+    parser.add_argument("--data-dir", type=pathlib.Path)
+    args = parser.parse_args(argv)
+    os.environ["RAYON_NUM_THREADS"] = str(args.threads)
+    torch.set_num_threads(args.threads)
+    pairs = at.load_multi30k("train", data_dir=args.data_dir)
+    val_pairs = at.load_multi30k("val", data_dir=args.data_dir)
+    args.out.mkdir(parents=True, exist_ok=True)
+    table = args.out / "trials.csv"
+    log_file = open(args.out / "search.log", "a")
+
+    def log(message):
+        print(message, file=log_file, flush=True)
+
+    alive = list(args.trials or TRIALS)
+    for rung, minutes in enumerate(args.budgets or BUDGETS_MINUTES):
+        if args.rungs is not None and rung not in args.rungs:
+            continue
+        scores = {}
+        for trial in alive:
+            config = at.apply_changes(START, TRIALS[trial])
+            done = [r for r in read_rows(table) if r["trial"] == trial and int(r["rung"]) == rung]
+            if not done:
+                wall = time.perf_counter()
+                metrics, cpu = train_until(
+                    trial, config, minutes * 60, args.out, pairs, val_pairs, log
+                )
+                last = metrics["validation"][-1]
+                model, _ = at.load_checkpoint(
+                    args.out / "trials" / folder_name(trial) / "checkpoint.pt"
+                )
+                done = [
+                    {
+                        "trial": trial,
+                        "rung": rung,
+                        "budget_min": minutes,
+                        "step": last["step"],
+                        "cpu_seconds": round(cpu, 1),
+                        "wall_seconds": round(time.perf_counter() - wall, 1),
+                        "tokens_seen": last["tokens_seen"],
+                        "epochs": round(
+                            last["tokens_seen"] / epoch_tokens(args.out, pairs, config), 2
+                        ),
+                        **{k: last[k] for k in ("val_loss", "val_ppl", "val_bleu")},
+                        "bleu_sentences": last["bleu_sentences"],
+                        "params": at.count_parameters(model),
+                        "changes": json.dumps(TRIALS[trial]),
+                        "command": train_cli.command_for(config),
+                        "hardware": at.hardware_description(),
+                    }
+                ]
+                record(done[0], table, args.csv)
+                log(f"rung {rung} {trial}: {done[0]}")
+            scores[trial] = (float(done[0]["val_bleu"]), -float(done[0]["val_loss"]))
+        keep = max(1, len(alive) // 3)
+        alive = sorted(alive, key=scores.get, reverse=True)[:keep]
+        log(f"rung {rung} done; promoted: {alive}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

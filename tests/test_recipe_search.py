@@ -1,0 +1,61 @@
+"""The recipe search: budgets in CPU time, successive halving, val only, resumable."""
+
+import csv
+
+import pytest
+from test_training import TINY, toy_pairs
+
+import annotated_transformer as at
+import recipe_search
+
+
+@pytest.fixture
+def tiny_search(monkeypatch):
+    loaded = []
+
+    def load(split, data_dir=None):
+        loaded.append(split)
+        return toy_pairs(40, seed={"train": 0, "val": 1}[split])
+
+    monkeypatch.setattr(at, "load_multi30k", load)
+    start = at.apply_changes(
+        TINY, {"eval_every": 3, "checkpoint_every": 3, "bleu_sentences": 5, "max_steps": 3}
+    )
+    monkeypatch.setattr(recipe_search, "START", start)
+    trials = {"a": {}, "b": {"lr_factor": 3.0}, "c": {"dropout": 0.0}, "d": {"smoothing": 0.0}}
+    monkeypatch.setattr(recipe_search, "TRIALS", trials)
+    return loaded
+
+
+def rows_of(path):
+    with open(path, newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def test_every_trial_runs_then_the_best_quarter_goes_on_and_only_val_is_read(
+    tmp_path, tiny_search
+):
+    flags = ["--out", str(tmp_path), "--budgets", "0.001", "0.002", "--csv", str(tmp_path / "c")]
+    assert recipe_search.main(flags) == 0
+    rows = rows_of(tmp_path / "trials.csv")
+    first = [r for r in rows if r["rung"] == "0"]
+    assert [r["trial"] for r in first] == ["a", "b", "c", "d"]
+    best = max(first, key=lambda r: (float(r["val_bleu"]), -float(r["val_loss"])))
+    second = [r for r in rows if r["rung"] == "1"]
+    assert [r["trial"] for r in second] == [best["trial"]]  # 4 // 3 = 1 promoted
+    assert int(second[0]["step"]) > int(best["step"])  # it resumed and trained on
+    assert float(second[0]["cpu_seconds"]) >= 0.002 * 60
+    for r in rows:
+        assert r["command"].startswith("python code/train.py --profile quick")
+        assert 0 <= float(r["val_bleu"]) <= 100 and float(r["val_ppl"]) > 1
+    assert set(tiny_search) == {"train", "val"}  # test2016 is never loaded
+    assert rows_of(tmp_path / "c") == rows
+    # run again: everything is done, nothing is trained or added
+    assert recipe_search.main(flags) == 0
+    assert rows_of(tmp_path / "trials.csv") == rows
+
+
+def test_bad_budgets_are_refused(tmp_path, tiny_search, capsys):
+    with pytest.raises(SystemExit):
+        recipe_search.main(["--out", str(tmp_path), "--budgets", "0"])
+    assert "must be a positive finite number" in capsys.readouterr().err
