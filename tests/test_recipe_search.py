@@ -32,9 +32,7 @@ def rows_of(path):
         return list(csv.DictReader(file))
 
 
-def test_every_trial_runs_then_the_best_quarter_goes_on_and_only_val_is_read(
-    tmp_path, tiny_search
-):
+def test_every_trial_runs_then_the_best_quarter_goes_on_and_only_val_is_read(tmp_path, tiny_search):
     flags = ["--out", str(tmp_path), "--budgets", "0.001", "0.002", "--csv", str(tmp_path / "c")]
     assert recipe_search.main(flags) == 0
     rows = rows_of(tmp_path / "trials.csv")
