@@ -230,6 +230,7 @@ def run_variant(
         "vocab_size": config.vocab_size,
         "warmup_steps": config.warmup_steps,
         "lr_factor": config.lr_factor,
+        "train_pairs": len(train_pairs),
         "train_seconds": round(train_seconds, 1),
         "cpu_seconds": round(time.process_time() - cpu_start, 1),
         "hardware": at.hardware_description(device),
@@ -379,7 +380,6 @@ def main(argv=None):
                     log,
                     tokenizers[config.vocab_size],
                 )
-                row["train_pairs"] = len(train_pairs)
                 rows.append({k: str(v) for k, v in row.items()})
                 write_rows(csv_path, rows)
     return 0
