@@ -401,8 +401,8 @@ class ModelConfig:
     """The architecture's hyperparameters, named as in Table 3; defaults are the base model.
 
     d_k and d_v default to d_model / h. positions is "sinusoidal" (§3.5) or "learned"
-    (Table 3 row E). attention_dropout and relu_dropout are not in the paper (which drops
-    only sub-layer outputs and embeddings, §5.4) and default to 0."""
+    (Table 3 row E). attention_dropout and relu_dropout go beyond §5.4 (which drops
+    sub-layer outputs and embeddings; §6.3 mentions attention dropout) and default to 0."""
 
     N: int = 6
     d_model: int = 512
