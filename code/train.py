@@ -20,8 +20,10 @@ and OUT/train.log. Only rank 0 writes files. The data come from $MULTI30K_DIR (o
 
 import argparse
 import dataclasses
+import inspect
 import os
 import pathlib
+import re
 import sys
 import typing
 
@@ -53,15 +55,28 @@ def config_fields():
     return found
 
 
+def field_comments(cls):
+    """The comment at the end of each field's line in the class's source, for --help."""
+    comments = {}
+    for line in inspect.getsource(cls).splitlines():
+        found = re.match(r"\s+(\w+): [^#]*#\s*(.+)$", line)
+        if found:
+            comments[found.group(1)] = found.group(2)
+    return comments
+
+
 def add_config_flags(parser):
     """One flag per config field, default None (= keep the profile's value)."""
     group = parser.add_argument_group(
         "recipe and model (each overrides the profile; names as in TrainConfig and ModelConfig)"
     )
+    comments = {cls: field_comments(cls) for cls in (at.TrainConfig, at.ModelConfig)}
     for name, cls, _ in config_fields():
         kind = field_type(cls, name)
         flag = "--" + name.replace("_", "-")
         where = f"{cls.__name__}.{name}"
+        if name in comments[cls]:
+            where = f"{comments[cls][name]} ({where})"
         if kind is bool:
             group.add_argument(
                 flag, action=argparse.BooleanOptionalAction, default=None, help=where
