@@ -108,7 +108,9 @@ class Encoder(nn.Module):
 
 class DecoderLayer(nn.Module):
     """§3.1: masked self-attention, encoder-decoder attention over the memory, and a
-    feed-forward network, each wrapped in a SublayerConnection."""
+    feed-forward network, each wrapped in a SublayerConnection. cache, when decoding one
+    token at a time (§6.1): this layer's DecoderLayerCache, whose self_attn and src_attn
+    AttentionCaches go to the two attentions."""
 
     def __init__(self, d_model, self_attn, src_attn, feed_forward, dropout, pre_norm=False):
         super().__init__()
@@ -119,23 +121,26 @@ class DecoderLayer(nn.Module):
         self.feed_forward = feed_forward
         self.sublayer = clones(SublayerConnection(d_model, dropout, pre_norm), 3)
 
-    def forward(self, x, memory, src_mask, tgt_mask):
-        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, tgt_mask))
-        x = self.sublayer[1](x, lambda x: self.src_attn(x, memory, memory, src_mask))
+    def forward(self, x, memory, src_mask, tgt_mask, cache=None):
+        self_cache = None if cache is None else cache.self_attn
+        src_cache = None if cache is None else cache.src_attn
+        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, tgt_mask, self_cache))
+        x = self.sublayer[1](x, lambda x: self.src_attn(x, memory, memory, src_mask, src_cache))
         return self.sublayer[2](x, self.feed_forward)
 
 
 class Decoder(nn.Module):
-    """§3.1: a stack of N identical decoder layers."""
+    """§3.1: a stack of N identical decoder layers. cache: one DecoderLayerCache per layer
+    when decoding one token at a time (§6.1), otherwise None."""
 
     def __init__(self, layer, N):
         super().__init__()
         self.layers = clones(layer, N)
         self.norm = nn.LayerNorm(layer.d_model) if layer.pre_norm else nn.Identity()
 
-    def forward(self, x, memory, src_mask, tgt_mask):
-        for layer in self.layers:
-            x = layer(x, memory, src_mask, tgt_mask)
+    def forward(self, x, memory, src_mask, tgt_mask, cache=None):
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, src_mask, tgt_mask, None if cache is None else cache[i])
         return self.norm(x)
 
 
@@ -183,6 +188,8 @@ class MultiHeadedAttention(nn.Module):
     (batch, 1 or seq_q, seq_k) -> (batch, seq_q, d_model). fused=True runs Eq. (1) with
     torch's scaled_dot_product_attention, fused=False with the reference `attention`,
     which also keeps the weights of the last call in `self.weights` for plotting.
+    cache, an AttentionCache (below), serves decoding one token at a time: keys and values
+    projected by earlier calls are kept there and not computed again.
     """
 
     def __init__(self, h, d_model, dropout=0.0, fused=True, d_k=None, d_v=None):
@@ -207,10 +214,14 @@ class MultiHeadedAttention(nn.Module):
         self.fused = fused
         self.weights = None
 
-    def forward(self, query, key, value, mask=None):
+    def forward(self, query, key, value, mask=None, cache=None):
         query = self.split_heads(self.w_q(query), self.d_k)
-        key = self.split_heads(self.w_k(key), self.d_k)
-        value = self.split_heads(self.w_v(value), self.d_v)
+        # a fixed cache that is already filled holds the memory's projections: skip them
+        if cache is None or cache.growing or cache.keys is None:
+            key = self.split_heads(self.w_k(key), self.d_k)
+            value = self.split_heads(self.w_v(value), self.d_v)
+        if cache is not None:
+            key, value = cache.update(key, value)
         return self.attend(query, key, value, mask)
 
     def split_heads(self, x, d):
@@ -219,8 +230,7 @@ class MultiHeadedAttention(nn.Module):
 
     def attend(self, query, key, value, mask=None):
         """Eq. (1) on every head, then Concat and W^O. query (batch, h, seq_q, d_k), key
-        (batch, h, seq_k, d_k), value (batch, h, seq_k, d_v) -> (batch, seq_q, d_model).
-        The decoder's key/value cache (§6.1) calls this with keys and values it kept."""
+        (batch, h, seq_k, d_k), value (batch, h, seq_k, d_v) -> (batch, seq_q, d_model)."""
         batch = query.size(0)
         if mask is not None and mask.dtype != torch.bool:
             # a float 0/1 mask would be added to the scores by the fused path: refuse it
@@ -248,6 +258,33 @@ class MultiHeadedAttention(nn.Module):
         # (batch, h, seq_q, d_v) -> (batch, seq_q, h * d_v): Concat(head_1, ..., head_h)
         x = x.transpose(1, 2).reshape(batch, -1, self.h * self.d_v)
         return self.w_o(x)
+
+
+class AttentionCache:
+    """§6.1 (ours): the keys (batch, h, seq_k, d_k) and values (batch, h, seq_k, d_v) that one
+    MultiHeadedAttention keeps while the decoder produces one token at a time.
+    growing=True, for masked self-attention: every call appends the new positions' keys and
+    values to the earlier ones, which never change. growing=False, for encoder-decoder
+    attention: the first call projects the memory, later calls reuse it."""
+
+    def __init__(self, growing):
+        self.growing = growing
+        self.keys = self.values = None
+
+    def update(self, key, value):
+        """Keep this call's keys and values as the cache's rule says; return all to attend to."""
+        if self.keys is None:
+            self.keys, self.values = key, value
+        elif self.growing:
+            self.keys = torch.cat([self.keys, key], dim=2)
+            self.values = torch.cat([self.values, value], dim=2)
+        return self.keys, self.values
+
+    def reorder(self, rows):
+        """Keep row rows[j] in place j: beam search continues some hypotheses twice, others not."""
+        if self.keys is not None:
+            self.keys = self.keys.index_select(0, rows)
+            self.values = self.values.index_select(0, rows)
 
 
 # --------------------------------------------------------------------------------------
@@ -1517,79 +1554,49 @@ def copy_task_pairs(n, vocab, length, generator):
 # 6.1 Machine Translation, from chapters/06_1_machine_translation.ipynb
 # --------------------------------------------------------------------------------------
 
-import functools
 import platform
+
+
+class DecoderLayerCache:
+    """§6.1 (ours): one decoder layer's AttentionCaches. Masked self-attention's grows by
+    one position per step; encoder-decoder attention's holds the memory's keys and values,
+    projected at the first step."""
+
+    def __init__(self):
+        self.self_attn = AttentionCache(growing=True)
+        self.src_attn = AttentionCache(growing=False)
 
 
 class KeyValueCache:
     """§6.1 (ours): what the decoder has already computed, so that each new token costs one
-    position. For every decoder layer, the keys and values of masked self-attention at all
-    earlier positions (they never change: position i only sees positions <= i), and the
-    keys and values of encoder-decoder attention, computed once from the memory.
-    Tensors are (batch, h, seq, d_k or d_v); row b of every tensor belongs to sentence b."""
+    position: a DecoderLayerCache per decoder layer, the memory (each layer projects it at
+    the first step), and `length`, the number of positions fed so far. Row b of every
+    tensor belongs to sentence (or, in beam search, hypothesis) b."""
 
     def __init__(self, model, memory):
+        self.memory = memory
         self.length = 0
-        layers = model.decoder.layers
-        self.keys, self.values = [None] * len(layers), [None] * len(layers)
-        self.memory_keys = [
-            layer.src_attn.split_heads(layer.src_attn.w_k(memory), layer.src_attn.d_k)
-            for layer in layers
-        ]
-        self.memory_values = [
-            layer.src_attn.split_heads(layer.src_attn.w_v(memory), layer.src_attn.d_v)
-            for layer in layers
-        ]
-
-    def extend(self, i, key, value):
-        """Append one position's key and value for layer i; return all of them so far."""
-        if self.keys[i] is None:
-            self.keys[i], self.values[i] = key, value
-        else:
-            self.keys[i] = torch.cat([self.keys[i], key], dim=2)
-            self.values[i] = torch.cat([self.values[i], value], dim=2)
-        return self.keys[i], self.values[i]
+        self.layers = [DecoderLayerCache() for _ in model.decoder.layers]
 
     def reorder(self, rows):
         """Keep row rows[j] in place j: beam search continues some hypotheses twice, others not."""
-        for tensors in (self.keys, self.values, self.memory_keys, self.memory_values):
-            for i, tensor in enumerate(tensors):
-                if tensor is not None:
-                    tensors[i] = tensor.index_select(0, rows)
-
-
-def cached_self_attention(attn, cache, i, x):
-    """Masked self-attention of one new position x (batch, 1, d_model) over all positions so
-    far. No mask is needed: the new position may attend to every earlier one and itself."""
-    keys, values = cache.extend(
-        i, attn.split_heads(attn.w_k(x), attn.d_k), attn.split_heads(attn.w_v(x), attn.d_v)
-    )
-    return attn.attend(attn.split_heads(attn.w_q(x), attn.d_k), keys, values)
-
-
-def cached_source_attention(attn, cache, i, src_mask, x):
-    """Encoder-decoder attention of x (batch, 1, d_model) over the cached memory projections."""
-    query = attn.split_heads(attn.w_q(x), attn.d_k)
-    return attn.attend(query, cache.memory_keys[i], cache.memory_values[i], src_mask)
+        if self.length == 0:  # after the first step the layers hold the memory's projections
+            self.memory = self.memory.index_select(0, rows)
+        for layer in self.layers:
+            layer.self_attn.reorder(rows)
+            layer.src_attn.reorder(rows)
 
 
 def decode_step(model, src_mask, tokens, cache):
-    """Feed one token per sentence, tokens (batch, 1), at position cache.length through the
-    decoder, updating the cache; returns the next token's log-probabilities (batch, vocab).
-    The same layers and weights as EncoderDecoder.decode, one position at a time."""
+    """EncoderDecoder.decode with a cache: feed one token per sentence, tokens (batch, 1), at
+    position cache.length through the decoder's own layers, updating the cache; returns the
+    next token's log-probabilities (batch, vocab)."""
     embed, position = model.tgt_embed
     x = position(embed(tokens), offset=cache.length)
-    for i, layer in enumerate(model.decoder.layers):
-        # partial, not lambda: binds this layer's i now (a lambda would see the loop's last)
-        x = layer.sublayer[0](
-            x, functools.partial(cached_self_attention, layer.self_attn, cache, i)
-        )
-        x = layer.sublayer[1](
-            x, functools.partial(cached_source_attention, layer.src_attn, cache, i, src_mask)
-        )
-        x = layer.sublayer[2](x, layer.feed_forward)
-    cache.length += 1
-    return model.generator(model.decoder.norm(x)[:, -1])
+    # no target mask: the new position may attend to every earlier one and to itself
+    x = model.decoder(x, cache.memory, src_mask, None, cache.layers)
+    cache.length += tokens.size(1)
+    return model.generator(x[:, -1])
 
 
 def output_limits(src_mask, max_len=None):

@@ -40,7 +40,8 @@ def test_each_cached_step_equals_the_full_decoder(options):
             step = at.decode_step(model, src_mask, tgt[:, t : t + 1], cache)
             full = model.decode(memory, src_mask, tgt[:, : t + 1], at.subsequent_mask(t + 1))
             torch.testing.assert_close(step, model.generator(full[:, -1]), atol=1e-5, rtol=1e-5)
-    assert cache.length == tgt.size(1) and cache.keys[0].size(2) == tgt.size(1)
+    assert cache.length == tgt.size(1)
+    assert all(layer.self_attn.keys.size(2) == tgt.size(1) for layer in cache.layers)
 
 
 def test_greedy_decoding_with_and_without_the_cache_agree():
