@@ -1678,11 +1678,17 @@ def beam_search(
     batched over sentences; each sentence stops when no live hypothesis can still beat its
     best finished one (or at its length limit, output_limits). Same inputs and output
     format as greedy_decode: (batch, 1 + length) ids, start_symbol first, PAD_ID after the
-    end. Row b * beam_size + j of the internal tensors is hypothesis j of sentence b."""
+    end. Row b * beam_size + j of the internal tensors is hypothesis j of sentence b; every
+    step is tensor operations on all of them, with one wait for the device (are all done?)."""
     if not isinstance(beam_size, int) or beam_size <= 0:
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
     batch, k, device = src.size(0), beam_size, src.device
-    limits = output_limits(src_mask, max_len).tolist()
+    limits = output_limits(src_mask, max_len)
+    steps = int(limits.max())
+    # lp at each sentence's limit, the largest its hypotheses can get (float64, like the scores)
+    limit_penalty = torch.tensor(
+        [length_penalty(n, alpha) for n in limits.tolist()], dtype=torch.float64, device=device
+    )
     memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)
     src_mask = src_mask.repeat_interleave(k, dim=0)
     kv = KeyValueCache(model, memory) if cache else None
@@ -1690,50 +1696,57 @@ def beam_search(
     # all k hypotheses start as the same empty prefix: keep only one of them alive at first
     scores = torch.full((batch, k), float("-inf"), device=device)
     scores[:, 0] = 0.0
-    finished = [[] for _ in range(batch)]  # (log P / lp, tokens) of ended hypotheses
-    done = [False] * batch
-    for t in range(max(limits)):
+    first_row = torch.arange(batch, device=device).unsqueeze(1) * k  # (batch, 1)
+    # the best finished hypothesis of each sentence: log P / lp, its tokens and its length
+    best_score = torch.full((batch,), float("-inf"), dtype=torch.float64, device=device)
+    best_tokens = torch.full((batch, steps), PAD_ID, dtype=torch.long, device=device)
+    best_length = torch.zeros(batch, dtype=torch.long, device=device)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    for t in range(steps):
         length = t + 1  # tokens in a hypothesis after this step, end_symbol included
         log_probs = next_log_probs(model, memory, src_mask, ys, kv).float()
         vocab = log_probs.size(-1)
         candidates = (scores.unsqueeze(-1) + log_probs.view(batch, k, vocab)).view(batch, -1)
-        # 2k candidates: even if k of them end here, k others can go on
+        # 2k candidates, best first: even if k of them end here, k others can go on
         top_scores, top_index = candidates.topk(min(2 * k, candidates.size(-1)), dim=-1)
-        new_scores = torch.full((batch, k), float("-inf"), device=device)
-        new_rows = torch.arange(batch, device=device).repeat_interleave(k) * k
-        new_tokens = torch.full((batch, k), PAD_ID, dtype=torch.long, device=device)
-        prefixes = ys[:, 1:].tolist()
-        for b in range(batch):
-            if done[b]:
-                continue
-            alive = 0
-            for score, index in zip(top_scores[b].tolist(), top_index[b].tolist()):
-                if score == float("-inf") or alive == k:
-                    break
-                row, token = b * k + index // vocab, index % vocab
-                if token == end_symbol or length >= limits[b]:
-                    hypothesis = prefixes[row] + [token]
-                    finished[b].append((score / length_penalty(length, alpha), hypothesis))
-                else:
-                    new_scores[b, alive], new_tokens[b, alive] = score, token
-                    new_rows[b * k + alive] = row
-                    alive += 1
-            # log P only falls as a hypothesis grows, and lp is largest at the length limit:
-            # no live hypothesis can end above best_alive / lp(limit)
-            best_finished = max((s for s, _ in finished[b]), default=float("-inf"))
-            bound = new_scores[b, 0].item() / length_penalty(limits[b], alpha)
-            done[b] = alive == 0 or best_finished >= bound
-        if all(done):
+        rows, tokens = first_row + top_index // vocab, top_index % vocab  # (batch, 2k)
+        ends = (tokens == end_symbol) | (length >= limits).unsqueeze(1)
+        # walk down the candidates until k go on: those that end on the way are finished
+        valid = (top_scores != float("-inf")) & ~done.unsqueeze(1)
+        going_on = valid & ~ends
+        seen = going_on.cumsum(dim=-1) - going_on.long()  # going on, among better candidates
+        kept = going_on & (seen < k)
+        finishing = valid & ends & (seen < k)
+        ranked = top_scores.double() / length_penalty(length, alpha)
+        step_best, choice = ranked.masked_fill(~finishing, float("-inf")).max(dim=-1)
+        improved = step_best > best_score
+        chosen = choice.unsqueeze(1)  # each sentence's best candidate that ends at this step
+        prefix = ys[rows.gather(1, chosen).squeeze(1), 1:]
+        ended = torch.cat([prefix, tokens.gather(1, chosen)], dim=1)  # (batch, length)
+        best_tokens[:, :length] = torch.where(improved.unsqueeze(1), ended, best_tokens[:, :length])
+        best_length = torch.where(improved, length, best_length)
+        best_score = torch.where(improved, step_best, best_score)
+        # the kept candidates fill slots 0, 1, ... in order; the others go to a spare slot k
+        slot = torch.where(kept, kept.cumsum(dim=-1) - 1, k)
+        new_scores = scores.new_full((batch, k + 1), float("-inf")).scatter(1, slot, top_scores)
+        new_tokens = tokens.new_full((batch, k + 1), PAD_ID).scatter(1, slot, tokens)
+        new_rows = first_row.expand(batch, k + 1).scatter(1, slot, rows)
+        new_scores, new_tokens, new_rows = new_scores[:, :k], new_tokens[:, :k], new_rows[:, :k]
+        # log P only falls as a hypothesis grows, and lp is largest at the length limit:
+        # no live hypothesis can end above best_alive / lp(limit)
+        bound = new_scores[:, 0].double() / limit_penalty
+        done |= ~kept.any(dim=-1) | (best_score >= bound)
+        if done.all():
             break
-        ys = torch.cat([ys[new_rows], new_tokens.view(-1, 1)], dim=1)
+        new_rows = new_rows.flatten()
+        ys = torch.cat([ys[new_rows], new_tokens.reshape(-1, 1)], dim=1)
         scores = new_scores
         if kv is not None:
             kv.reorder(new_rows)
-    best = [max(hypotheses)[1] if hypotheses else [] for hypotheses in finished]
-    out = torch.full((batch, 1 + max(map(len, best))), PAD_ID, dtype=torch.long, device=device)
+    width = 1 + int(best_length.max())
+    out = torch.full((batch, width), PAD_ID, dtype=torch.long, device=device)
     out[:, 0] = start_symbol
-    for b, tokens in enumerate(best):
-        out[b, 1 : 1 + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+    out[:, 1:] = best_tokens[:, : width - 1]
     return out
 
 
