@@ -1868,6 +1868,12 @@ def evaluate_bleu(model, tokenizer, pairs, beam_size=4, alpha=0.6, batch_size=64
     }
 
 
+def decoding_label(beam_size, alpha=0.6):
+    """How tables of results name a decoding: "greedy" for beam_size 1, otherwise for
+    example "beam 4, alpha 0.6"."""
+    return "greedy" if beam_size == 1 else f"beam {beam_size}, alpha {alpha}"
+
+
 # --------------------------------------------------------------------------------------
 # 6.2 Model Variations, from chapters/06_2_model_variations.ipynb
 # --------------------------------------------------------------------------------------

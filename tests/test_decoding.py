@@ -1,9 +1,11 @@
 """§6.1: the key/value cache, greedy decoding, beam search with length penalty, checkpoint
 averaging, translate, and scoring."""
 
+import csv
 import itertools
 import json
 import math
+import pathlib
 
 import pytest
 import torch
@@ -329,6 +331,18 @@ def test_beam_search_reads_the_device_once_per_step(copy_model, monkeypatch):
     with torch.no_grad():
         at.beam_search(copy_model, src, src_mask, beam_size=4)
     assert 0 < len(steps) and len(reads) <= len(steps) + 3
+
+
+def test_decoding_labels_are_those_of_the_stored_results():
+    results = pathlib.Path(__file__).resolve().parents[1] / "results"
+    evaluation = json.loads((results / "cpu-long" / "evaluation.json").read_text())
+    attention = json.loads((results / "cpu-long" / "attention.json").read_text())
+    with open(results / "table3" / "variations.csv", newline="") as file:
+        variations = {row["decoding"] for row in csv.DictReader(file)}
+    stored = {row["decoding"] for row in evaluation["results"]} | {attention["decoding"]}
+    assert stored | variations == {at.decoding_label(1), at.decoding_label(4, 0.6)}
+    assert at.decoding_label(4) == "beam 4, alpha 0.6" and at.decoding_label(1, 0.0) == "greedy"
+    assert at.decoding_label(2, 1.0) == "beam 2, alpha 1.0"
 
 
 # ---- checkpoints ---------------------------------------------------------------------------
