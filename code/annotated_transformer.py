@@ -1595,7 +1595,7 @@ def decode_step(model, src_mask, tokens, cache):
     x = position(embed(tokens), offset=cache.length)
     # no target mask: the new position may attend to every earlier one and to itself
     x = model.decoder(x, cache.memory, src_mask, None, cache.layers)
-    cache.length += tokens.size(1)
+    cache.length += 1
     return model.generator(x[:, -1])
 
 
