@@ -108,7 +108,9 @@ class Encoder(nn.Module):
 
 class DecoderLayer(nn.Module):
     """§3.1: masked self-attention, encoder-decoder attention over the memory, and a
-    feed-forward network, each wrapped in a SublayerConnection."""
+    feed-forward network, each wrapped in a SublayerConnection. cache, when decoding one
+    token at a time (§6.1): this layer's DecoderLayerCache, whose self_attn and src_attn
+    AttentionCaches go to the two attentions."""
 
     def __init__(self, d_model, self_attn, src_attn, feed_forward, dropout, pre_norm=False):
         super().__init__()
@@ -119,23 +121,26 @@ class DecoderLayer(nn.Module):
         self.feed_forward = feed_forward
         self.sublayer = clones(SublayerConnection(d_model, dropout, pre_norm), 3)
 
-    def forward(self, x, memory, src_mask, tgt_mask):
-        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, tgt_mask))
-        x = self.sublayer[1](x, lambda x: self.src_attn(x, memory, memory, src_mask))
+    def forward(self, x, memory, src_mask, tgt_mask, cache=None):
+        self_cache = None if cache is None else cache.self_attn
+        src_cache = None if cache is None else cache.src_attn
+        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, tgt_mask, self_cache))
+        x = self.sublayer[1](x, lambda x: self.src_attn(x, memory, memory, src_mask, src_cache))
         return self.sublayer[2](x, self.feed_forward)
 
 
 class Decoder(nn.Module):
-    """§3.1: a stack of N identical decoder layers."""
+    """§3.1: a stack of N identical decoder layers. cache: one DecoderLayerCache per layer
+    when decoding one token at a time (§6.1), otherwise None."""
 
     def __init__(self, layer, N):
         super().__init__()
         self.layers = clones(layer, N)
         self.norm = nn.LayerNorm(layer.d_model) if layer.pre_norm else nn.Identity()
 
-    def forward(self, x, memory, src_mask, tgt_mask):
-        for layer in self.layers:
-            x = layer(x, memory, src_mask, tgt_mask)
+    def forward(self, x, memory, src_mask, tgt_mask, cache=None):
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, src_mask, tgt_mask, None if cache is None else cache[i])
         return self.norm(x)
 
 
@@ -183,6 +188,8 @@ class MultiHeadedAttention(nn.Module):
     (batch, 1 or seq_q, seq_k) -> (batch, seq_q, d_model). fused=True runs Eq. (1) with
     torch's scaled_dot_product_attention, fused=False with the reference `attention`,
     which also keeps the weights of the last call in `self.weights` for plotting.
+    cache, an AttentionCache (below), serves decoding one token at a time: keys and values
+    projected by earlier calls are kept there and not computed again.
     """
 
     def __init__(self, h, d_model, dropout=0.0, fused=True, d_k=None, d_v=None):
@@ -207,10 +214,14 @@ class MultiHeadedAttention(nn.Module):
         self.fused = fused
         self.weights = None
 
-    def forward(self, query, key, value, mask=None):
+    def forward(self, query, key, value, mask=None, cache=None):
         query = self.split_heads(self.w_q(query), self.d_k)
-        key = self.split_heads(self.w_k(key), self.d_k)
-        value = self.split_heads(self.w_v(value), self.d_v)
+        # a fixed cache that is already filled holds the memory's projections: skip them
+        if cache is None or cache.growing or cache.keys is None:
+            key = self.split_heads(self.w_k(key), self.d_k)
+            value = self.split_heads(self.w_v(value), self.d_v)
+        if cache is not None:
+            key, value = cache.update(key, value)
         return self.attend(query, key, value, mask)
 
     def split_heads(self, x, d):
@@ -219,8 +230,7 @@ class MultiHeadedAttention(nn.Module):
 
     def attend(self, query, key, value, mask=None):
         """Eq. (1) on every head, then Concat and W^O. query (batch, h, seq_q, d_k), key
-        (batch, h, seq_k, d_k), value (batch, h, seq_k, d_v) -> (batch, seq_q, d_model).
-        The decoder's key/value cache (§6.1) calls this with keys and values it kept."""
+        (batch, h, seq_k, d_k), value (batch, h, seq_k, d_v) -> (batch, seq_q, d_model)."""
         batch = query.size(0)
         if mask is not None and mask.dtype != torch.bool:
             # a float 0/1 mask would be added to the scores by the fused path: refuse it
@@ -248,6 +258,33 @@ class MultiHeadedAttention(nn.Module):
         # (batch, h, seq_q, d_v) -> (batch, seq_q, h * d_v): Concat(head_1, ..., head_h)
         x = x.transpose(1, 2).reshape(batch, -1, self.h * self.d_v)
         return self.w_o(x)
+
+
+class AttentionCache:
+    """§6.1 (ours): the keys (batch, h, seq_k, d_k) and values (batch, h, seq_k, d_v) that one
+    MultiHeadedAttention keeps while the decoder produces one token at a time.
+    growing=True, for masked self-attention: every call appends the new positions' keys and
+    values to the earlier ones, which never change. growing=False, for encoder-decoder
+    attention: the first call projects the memory, later calls reuse it."""
+
+    def __init__(self, growing):
+        self.growing = growing
+        self.keys = self.values = None
+
+    def update(self, key, value):
+        """Keep this call's keys and values as the cache's rule says; return all to attend to."""
+        if self.keys is None:
+            self.keys, self.values = key, value
+        elif self.growing:
+            self.keys = torch.cat([self.keys, key], dim=2)
+            self.values = torch.cat([self.values, value], dim=2)
+        return self.keys, self.values
+
+    def reorder(self, rows):
+        """Keep row rows[j] in place j: beam search continues some hypotheses twice, others not."""
+        if self.keys is not None:
+            self.keys = self.keys.index_select(0, rows)
+            self.values = self.values.index_select(0, rows)
 
 
 # --------------------------------------------------------------------------------------
@@ -1517,79 +1554,49 @@ def copy_task_pairs(n, vocab, length, generator):
 # 6.1 Machine Translation, from chapters/06_1_machine_translation.ipynb
 # --------------------------------------------------------------------------------------
 
-import functools
 import platform
+
+
+class DecoderLayerCache:
+    """§6.1 (ours): one decoder layer's AttentionCaches. Masked self-attention's grows by
+    one position per step; encoder-decoder attention's holds the memory's keys and values,
+    projected at the first step."""
+
+    def __init__(self):
+        self.self_attn = AttentionCache(growing=True)
+        self.src_attn = AttentionCache(growing=False)
 
 
 class KeyValueCache:
     """§6.1 (ours): what the decoder has already computed, so that each new token costs one
-    position. For every decoder layer, the keys and values of masked self-attention at all
-    earlier positions (they never change: position i only sees positions <= i), and the
-    keys and values of encoder-decoder attention, computed once from the memory.
-    Tensors are (batch, h, seq, d_k or d_v); row b of every tensor belongs to sentence b."""
+    position: a DecoderLayerCache per decoder layer, the memory (each layer projects it at
+    the first step), and `length`, the number of positions fed so far. Row b of every
+    tensor belongs to sentence (or, in beam search, hypothesis) b."""
 
     def __init__(self, model, memory):
+        self.memory = memory
         self.length = 0
-        layers = model.decoder.layers
-        self.keys, self.values = [None] * len(layers), [None] * len(layers)
-        self.memory_keys = [
-            layer.src_attn.split_heads(layer.src_attn.w_k(memory), layer.src_attn.d_k)
-            for layer in layers
-        ]
-        self.memory_values = [
-            layer.src_attn.split_heads(layer.src_attn.w_v(memory), layer.src_attn.d_v)
-            for layer in layers
-        ]
-
-    def extend(self, i, key, value):
-        """Append one position's key and value for layer i; return all of them so far."""
-        if self.keys[i] is None:
-            self.keys[i], self.values[i] = key, value
-        else:
-            self.keys[i] = torch.cat([self.keys[i], key], dim=2)
-            self.values[i] = torch.cat([self.values[i], value], dim=2)
-        return self.keys[i], self.values[i]
+        self.layers = [DecoderLayerCache() for _ in model.decoder.layers]
 
     def reorder(self, rows):
         """Keep row rows[j] in place j: beam search continues some hypotheses twice, others not."""
-        for tensors in (self.keys, self.values, self.memory_keys, self.memory_values):
-            for i, tensor in enumerate(tensors):
-                if tensor is not None:
-                    tensors[i] = tensor.index_select(0, rows)
-
-
-def cached_self_attention(attn, cache, i, x):
-    """Masked self-attention of one new position x (batch, 1, d_model) over all positions so
-    far. No mask is needed: the new position may attend to every earlier one and itself."""
-    keys, values = cache.extend(
-        i, attn.split_heads(attn.w_k(x), attn.d_k), attn.split_heads(attn.w_v(x), attn.d_v)
-    )
-    return attn.attend(attn.split_heads(attn.w_q(x), attn.d_k), keys, values)
-
-
-def cached_source_attention(attn, cache, i, src_mask, x):
-    """Encoder-decoder attention of x (batch, 1, d_model) over the cached memory projections."""
-    query = attn.split_heads(attn.w_q(x), attn.d_k)
-    return attn.attend(query, cache.memory_keys[i], cache.memory_values[i], src_mask)
+        if self.length == 0:  # after the first step the layers hold the memory's projections
+            self.memory = self.memory.index_select(0, rows)
+        for layer in self.layers:
+            layer.self_attn.reorder(rows)
+            layer.src_attn.reorder(rows)
 
 
 def decode_step(model, src_mask, tokens, cache):
-    """Feed one token per sentence, tokens (batch, 1), at position cache.length through the
-    decoder, updating the cache; returns the next token's log-probabilities (batch, vocab).
-    The same layers and weights as EncoderDecoder.decode, one position at a time."""
+    """EncoderDecoder.decode with a cache: feed one token per sentence, tokens (batch, 1), at
+    position cache.length through the decoder's own layers, updating the cache; returns the
+    next token's log-probabilities (batch, vocab)."""
     embed, position = model.tgt_embed
     x = position(embed(tokens), offset=cache.length)
-    for i, layer in enumerate(model.decoder.layers):
-        # partial, not lambda: binds this layer's i now (a lambda would see the loop's last)
-        x = layer.sublayer[0](
-            x, functools.partial(cached_self_attention, layer.self_attn, cache, i)
-        )
-        x = layer.sublayer[1](
-            x, functools.partial(cached_source_attention, layer.src_attn, cache, i, src_mask)
-        )
-        x = layer.sublayer[2](x, layer.feed_forward)
+    # no target mask: the new position may attend to every earlier one and to itself
+    x = model.decoder(x, cache.memory, src_mask, None, cache.layers)
     cache.length += 1
-    return model.generator(model.decoder.norm(x)[:, -1])
+    return model.generator(x[:, -1])
 
 
 def output_limits(src_mask, max_len=None):
@@ -1671,11 +1678,17 @@ def beam_search(
     batched over sentences; each sentence stops when no live hypothesis can still beat its
     best finished one (or at its length limit, output_limits). Same inputs and output
     format as greedy_decode: (batch, 1 + length) ids, start_symbol first, PAD_ID after the
-    end. Row b * beam_size + j of the internal tensors is hypothesis j of sentence b."""
+    end. Row b * beam_size + j of the internal tensors is hypothesis j of sentence b; every
+    step is tensor operations on all of them, with one wait for the device (are all done?)."""
     if not isinstance(beam_size, int) or beam_size <= 0:
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
     batch, k, device = src.size(0), beam_size, src.device
-    limits = output_limits(src_mask, max_len).tolist()
+    limits = output_limits(src_mask, max_len)
+    steps = int(limits.max())
+    # lp at each sentence's limit, the largest its hypotheses can get (float64, like the scores)
+    limit_penalty = torch.tensor(
+        [length_penalty(n, alpha) for n in limits.tolist()], dtype=torch.float64, device=device
+    )
     memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)
     src_mask = src_mask.repeat_interleave(k, dim=0)
     kv = KeyValueCache(model, memory) if cache else None
@@ -1683,50 +1696,57 @@ def beam_search(
     # all k hypotheses start as the same empty prefix: keep only one of them alive at first
     scores = torch.full((batch, k), float("-inf"), device=device)
     scores[:, 0] = 0.0
-    finished = [[] for _ in range(batch)]  # (log P / lp, tokens) of ended hypotheses
-    done = [False] * batch
-    for t in range(max(limits)):
+    first_row = torch.arange(batch, device=device).unsqueeze(1) * k  # (batch, 1)
+    # the best finished hypothesis of each sentence: log P / lp, its tokens and its length
+    best_score = torch.full((batch,), float("-inf"), dtype=torch.float64, device=device)
+    best_tokens = torch.full((batch, steps), PAD_ID, dtype=torch.long, device=device)
+    best_length = torch.zeros(batch, dtype=torch.long, device=device)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    for t in range(steps):
         length = t + 1  # tokens in a hypothesis after this step, end_symbol included
         log_probs = next_log_probs(model, memory, src_mask, ys, kv).float()
         vocab = log_probs.size(-1)
         candidates = (scores.unsqueeze(-1) + log_probs.view(batch, k, vocab)).view(batch, -1)
-        # 2k candidates: even if k of them end here, k others can go on
+        # 2k candidates, best first: even if k of them end here, k others can go on
         top_scores, top_index = candidates.topk(min(2 * k, candidates.size(-1)), dim=-1)
-        new_scores = torch.full((batch, k), float("-inf"), device=device)
-        new_rows = torch.arange(batch, device=device).repeat_interleave(k) * k
-        new_tokens = torch.full((batch, k), PAD_ID, dtype=torch.long, device=device)
-        prefixes = ys[:, 1:].tolist()
-        for b in range(batch):
-            if done[b]:
-                continue
-            alive = 0
-            for score, index in zip(top_scores[b].tolist(), top_index[b].tolist()):
-                if score == float("-inf") or alive == k:
-                    break
-                row, token = b * k + index // vocab, index % vocab
-                if token == end_symbol or length >= limits[b]:
-                    hypothesis = prefixes[row] + [token]
-                    finished[b].append((score / length_penalty(length, alpha), hypothesis))
-                else:
-                    new_scores[b, alive], new_tokens[b, alive] = score, token
-                    new_rows[b * k + alive] = row
-                    alive += 1
-            # log P only falls as a hypothesis grows, and lp is largest at the length limit:
-            # no live hypothesis can end above best_alive / lp(limit)
-            best_finished = max((s for s, _ in finished[b]), default=float("-inf"))
-            bound = new_scores[b, 0].item() / length_penalty(limits[b], alpha)
-            done[b] = alive == 0 or best_finished >= bound
-        if all(done):
+        rows, tokens = first_row + top_index // vocab, top_index % vocab  # (batch, 2k)
+        ends = (tokens == end_symbol) | (length >= limits).unsqueeze(1)
+        # walk down the candidates until k go on: those that end on the way are finished
+        valid = (top_scores != float("-inf")) & ~done.unsqueeze(1)
+        going_on = valid & ~ends
+        seen = going_on.cumsum(dim=-1) - going_on.long()  # going on, among better candidates
+        kept = going_on & (seen < k)
+        finishing = valid & ends & (seen < k)
+        ranked = top_scores.double() / length_penalty(length, alpha)
+        step_best, choice = ranked.masked_fill(~finishing, float("-inf")).max(dim=-1)
+        improved = step_best > best_score
+        chosen = choice.unsqueeze(1)  # each sentence's best candidate that ends at this step
+        prefix = ys[rows.gather(1, chosen).squeeze(1), 1:]
+        ended = torch.cat([prefix, tokens.gather(1, chosen)], dim=1)  # (batch, length)
+        best_tokens[:, :length] = torch.where(improved.unsqueeze(1), ended, best_tokens[:, :length])
+        best_length = torch.where(improved, length, best_length)
+        best_score = torch.where(improved, step_best, best_score)
+        # the kept candidates fill slots 0, 1, ... in order; the others go to a spare slot k
+        slot = torch.where(kept, kept.cumsum(dim=-1) - 1, k)
+        new_scores = scores.new_full((batch, k + 1), float("-inf")).scatter(1, slot, top_scores)
+        new_tokens = tokens.new_full((batch, k + 1), PAD_ID).scatter(1, slot, tokens)
+        new_rows = first_row.expand(batch, k + 1).scatter(1, slot, rows)
+        new_scores, new_tokens, new_rows = new_scores[:, :k], new_tokens[:, :k], new_rows[:, :k]
+        # log P only falls as a hypothesis grows, and lp is largest at the length limit:
+        # no live hypothesis can end above best_alive / lp(limit)
+        bound = new_scores[:, 0].double() / limit_penalty
+        done |= ~kept.any(dim=-1) | (best_score >= bound)
+        if done.all():
             break
-        ys = torch.cat([ys[new_rows], new_tokens.view(-1, 1)], dim=1)
+        new_rows = new_rows.flatten()
+        ys = torch.cat([ys[new_rows], new_tokens.reshape(-1, 1)], dim=1)
         scores = new_scores
         if kv is not None:
             kv.reorder(new_rows)
-    best = [max(hypotheses)[1] if hypotheses else [] for hypotheses in finished]
-    out = torch.full((batch, 1 + max(map(len, best))), PAD_ID, dtype=torch.long, device=device)
+    width = 1 + int(best_length.max())
+    out = torch.full((batch, width), PAD_ID, dtype=torch.long, device=device)
     out[:, 0] = start_symbol
-    for b, tokens in enumerate(best):
-        out[b, 1 : 1 + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+    out[:, 1:] = best_tokens[:, : width - 1]
     return out
 
 
@@ -1846,6 +1866,12 @@ def evaluate_bleu(model, tokenizer, pairs, beam_size=4, alpha=0.6, batch_size=64
         "signature_lowercase": str(lowercase.get_signature()),
         "hypotheses": hypotheses,
     }
+
+
+def decoding_label(beam_size, alpha=0.6):
+    """How tables of results name a decoding: "greedy" for beam_size 1, otherwise for
+    example "beam 4, alpha 0.6"."""
+    return "greedy" if beam_size == 1 else f"beam {beam_size}, alpha {alpha}"
 
 
 # --------------------------------------------------------------------------------------

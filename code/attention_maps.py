@@ -454,7 +454,7 @@ def main(argv=None):
         checkpoint=str(args.checkpoint),
         step=payload.get("step"),
         config=payload["config"],
-        decoding=f"beam {args.beam_size}, alpha {args.alpha}" if args.beam_size > 1 else "greedy",
+        decoding=at.decoding_label(args.beam_size, args.alpha),
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n")

@@ -103,7 +103,7 @@ def evaluate(args, snapshots):
             for beam_size in (1, 4):
                 scores = at.evaluate_bleu(model, tokenizer, pairs, beam_size, 0.6, args.batch_size)
                 signature = scores["signature"]
-                decoding = "greedy" if beam_size == 1 else "beam 4, alpha 0.6"
+                decoding = at.decoding_label(beam_size, 0.6)
                 rows.append(
                     {
                         "set": split,

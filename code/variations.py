@@ -224,7 +224,7 @@ def run_variant(
         "val_ppl": round(ppl, 2),
         "val_bleu": bleu,
         "bleu_sentences": len(scored),
-        "decoding": "greedy" if beam_size == 1 else f"beam {beam_size}, alpha 0.6",
+        "decoding": at.decoding_label(beam_size),
         "steps": config.max_steps,
         "max_tokens": config.max_tokens,
         "vocab_size": config.vocab_size,
@@ -357,7 +357,7 @@ def main(argv=None):
                     "warmup_steps": str(config.warmup_steps),
                     "lr_factor": str(config.lr_factor),
                     "scale": args.scale,
-                    "decoding": "greedy" if beam_size == 1 else f"beam {beam_size}, alpha 0.6",
+                    "decoding": at.decoding_label(beam_size),
                     "train_pairs": str(len(train_pairs)),
                 }
                 # rows written before train_pairs was recorded trained on all pairs

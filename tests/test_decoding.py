@@ -1,9 +1,11 @@
 """§6.1: the key/value cache, greedy decoding, beam search with length penalty, checkpoint
 averaging, translate, and scoring."""
 
+import csv
 import itertools
 import json
 import math
+import pathlib
 
 import pytest
 import torch
@@ -40,7 +42,8 @@ def test_each_cached_step_equals_the_full_decoder(options):
             step = at.decode_step(model, src_mask, tgt[:, t : t + 1], cache)
             full = model.decode(memory, src_mask, tgt[:, : t + 1], at.subsequent_mask(t + 1))
             torch.testing.assert_close(step, model.generator(full[:, -1]), atol=1e-5, rtol=1e-5)
-    assert cache.length == tgt.size(1) and cache.keys[0].size(2) == tgt.size(1)
+    assert cache.length == tgt.size(1)
+    assert all(layer.self_attn.keys.size(2) == tgt.size(1) for layer in cache.layers)
 
 
 def test_greedy_decoding_with_and_without_the_cache_agree():
@@ -132,6 +135,214 @@ def test_a_bad_beam_size_is_refused():
     src, src_mask = sources()
     with pytest.raises(ValueError, match="beam_size must be a positive integer"):
         at.beam_search(model, src, src_mask, beam_size=0)
+
+
+# ---- beam search: the vectorised search gives the previous implementation's outputs --------
+
+
+def old_beam_search(
+    model,
+    src,
+    src_mask,
+    max_len=None,
+    start_symbol=at.BOS_ID,
+    end_symbol=at.EOS_ID,
+    beam_size=4,
+    alpha=0.6,
+    cache=True,
+):
+    """The previous beam_search of chapter 6.1, kept only to pin behaviour: it walked each
+    sentence's candidates in Python at every step. The vectorised at.beam_search must give
+    exactly its outputs (test_beam_search_equals_the_previous_implementation)."""
+    if not isinstance(beam_size, int) or beam_size <= 0:
+        raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
+    batch, k, device = src.size(0), beam_size, src.device
+    limits = at.output_limits(src_mask, max_len).tolist()
+    memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)
+    src_mask = src_mask.repeat_interleave(k, dim=0)
+    kv = at.KeyValueCache(model, memory) if cache else None
+    ys = torch.full((batch * k, 1), start_symbol, dtype=torch.long, device=device)
+    # all k hypotheses start as the same empty prefix: keep only one of them alive at first
+    scores = torch.full((batch, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0
+    finished = [[] for _ in range(batch)]  # (log P / lp, tokens) of ended hypotheses
+    done = [False] * batch
+    for t in range(max(limits)):
+        length = t + 1  # tokens in a hypothesis after this step, end_symbol included
+        log_probs = at.next_log_probs(model, memory, src_mask, ys, kv).float()
+        vocab = log_probs.size(-1)
+        candidates = (scores.unsqueeze(-1) + log_probs.view(batch, k, vocab)).view(batch, -1)
+        # 2k candidates: even if k of them end here, k others can go on
+        top_scores, top_index = candidates.topk(min(2 * k, candidates.size(-1)), dim=-1)
+        new_scores = torch.full((batch, k), float("-inf"), device=device)
+        new_rows = torch.arange(batch, device=device).repeat_interleave(k) * k
+        new_tokens = torch.full((batch, k), at.PAD_ID, dtype=torch.long, device=device)
+        prefixes = ys[:, 1:].tolist()
+        for b in range(batch):
+            if done[b]:
+                continue
+            alive = 0
+            for score, index in zip(top_scores[b].tolist(), top_index[b].tolist()):
+                if score == float("-inf") or alive == k:
+                    break
+                row, token = b * k + index // vocab, index % vocab
+                if token == end_symbol or length >= limits[b]:
+                    hypothesis = prefixes[row] + [token]
+                    finished[b].append((score / at.length_penalty(length, alpha), hypothesis))
+                else:
+                    new_scores[b, alive], new_tokens[b, alive] = score, token
+                    new_rows[b * k + alive] = row
+                    alive += 1
+            # log P only falls as a hypothesis grows, and lp is largest at the length limit:
+            # no live hypothesis can end above best_alive / lp(limit)
+            best_finished = max((s for s, _ in finished[b]), default=float("-inf"))
+            bound = new_scores[b, 0].item() / at.length_penalty(limits[b], alpha)
+            done[b] = alive == 0 or best_finished >= bound
+        if all(done):
+            break
+        ys = torch.cat([ys[new_rows], new_tokens.view(-1, 1)], dim=1)
+        scores = new_scores
+        if kv is not None:
+            kv.reorder(new_rows)
+    best = [max(hypotheses)[1] if hypotheses else [] for hypotheses in finished]
+    out = torch.full((batch, 1 + max(map(len, best))), at.PAD_ID, dtype=torch.long, device=device)
+    out[:, 0] = start_symbol
+    for b, tokens in enumerate(best):
+        out[b, 1 : 1 + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+    return out
+
+
+@pytest.fixture(scope="module")
+def copy_model():
+    """A model trained 150 steps on the copy task (6 symbols, then </s>): it emits </s>
+    after about 6 tokens, so its searches finish hypotheses of several lengths, which the
+    length penalty ranks differently, and stop long before the length limit."""
+    generator = torch.Generator().manual_seed(0)
+    config = at.TrainConfig(
+        model=at.ModelConfig(N=1, d_model=32, d_ff=64, h=2, dropout=0.0, share_embeddings=False),
+        vocab_size=12,
+        warmup_steps=100,
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small gains nothing from two, and busy cores slow it
+    try:
+        run = at.build_training(config, 12)
+        for _ in range(150):
+            batch = at.Batch.from_ids(at.copy_task_pairs(32, 12, 6, generator))
+            at.train_step(run.model, batch, run.optimizer, run.scheduler, run.scaler, 0.0)
+    finally:
+        torch.set_num_threads(threads)
+    return run.model.eval()
+
+
+def copy_sources(seed):
+    """Copy-task sources of several lengths, ending in </s>, padded, with an empty one."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = [torch.randint(4, 12, (n,), generator=generator).tolist() for n in (6, 3, 5, 1)]
+    rows = [row + [at.EOS_ID] for row in rows]
+    rows.insert(2, [])
+    src = torch.full((len(rows), 7), at.PAD_ID)
+    for i, row in enumerate(rows):
+        src[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return src, at.padding_mask(src, at.PAD_ID)
+
+
+def count_steps(monkeypatch):
+    """Record each call of at.next_log_probs (one per decoding step) in the returned list."""
+    calls, original = [], at.next_log_probs
+
+    def counting(*args):
+        calls.append(1)
+        return original(*args)
+
+    monkeypatch.setattr(at, "next_log_probs", counting)
+    return calls
+
+
+def pinned_cases(seed, copy_model):
+    """(name, model, src, src_mask, max_len): untrained models whose end symbol is made
+    likely (once or twice), and the copy-task model at the paper's limit, input length + 50."""
+    return [
+        ("end likely", ends_often(small_model(seed)), *sources(seed), 15),
+        ("end very likely", ends_often(ends_often(small_model(seed + 10))), *sources(seed), 15),
+        ("copy task", copy_model, *copy_sources(seed), None),
+    ]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("beam_size", [1, 2, 4])
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_beam_search_equals_the_previous_implementation(
+    copy_model, monkeypatch, seed, beam_size, alpha
+):
+    calls = count_steps(monkeypatch)
+    for name, model, src, src_mask, max_len in pinned_cases(seed, copy_model):
+        for cache in (True, False) if beam_size == 4 else (True,):
+            options = {"beam_size": beam_size, "alpha": alpha, "cache": cache}
+            with torch.no_grad():
+                new = at.beam_search(model, src, src_mask, max_len, **options)
+                new_steps = len(calls)
+                old = old_beam_search(model, src, src_mask, max_len, **options)
+            assert torch.equal(new, old), (name, options)
+            assert new_steps == len(calls) - new_steps, (name, options)  # stopped at the same step
+            calls.clear()
+
+
+def test_the_pinned_cases_reach_every_rule_of_the_search(copy_model, monkeypatch):
+    """The cases above are not all alike: sentences end with </s> before the limit, the
+    length penalty changes which hypothesis wins, and the early stop ends searches long
+    before the limit (a beam never runs out of hypotheses that go on before it)."""
+    with torch.no_grad():
+        lengths = torch.cat(
+            [
+                (at.beam_search(model, src, src_mask, max_len)[:, 1:] != at.PAD_ID).sum(-1)
+                for seed in range(3)
+                for _, model, src, src_mask, max_len in pinned_cases(seed, copy_model)[:2]
+            ]
+        )
+        assert (lengths < 15).any() and (lengths == 15).any()  # </s> before the limit, and at it
+        calls, changed = count_steps(monkeypatch), 0
+        for seed, beam_size in itertools.product(range(3), (2, 4)):
+            src, src_mask = copy_sources(seed)
+            outputs = [
+                at.beam_search(copy_model, src, src_mask, beam_size=beam_size, alpha=alpha)
+                for alpha in (0.0, 0.6)
+            ]
+            changed += sum(a != b for a, b in zip(*(out.tolist() for out in outputs)))
+            assert all(at.EOS_ID in row for row in outputs[1].tolist())
+    assert changed > 0
+    assert len(calls) <= 12 * 12  # 12 searches, 12 steps each at most on average, of 50 or more
+
+
+def test_beam_search_reads_the_device_once_per_step(copy_model, monkeypatch):
+    """Every read of a tensor's value by Python (bool, int, float, item, tolist) waits for
+    the device; the search makes one per step (are all sentences done?), plus three outside
+    the loop. Reads inside torch's own kernels are not counted here."""
+    src, src_mask = copy_sources(0)
+    steps, reads = count_steps(monkeypatch), []
+    for name in ("__bool__", "__int__", "__float__", "__index__", "item", "tolist"):
+        original = getattr(torch.Tensor, name)
+
+        def counting(self, *args, _original=original):
+            reads.append(1)
+            return _original(self, *args)
+
+        monkeypatch.setattr(torch.Tensor, name, counting)
+    with torch.no_grad():
+        at.beam_search(copy_model, src, src_mask, beam_size=4)
+    assert 0 < len(steps) and len(reads) <= len(steps) + 3
+
+
+def test_decoding_labels_are_those_of_the_stored_results():
+    results = pathlib.Path(__file__).resolve().parents[1] / "results"
+    evaluation = json.loads((results / "cpu-long" / "evaluation.json").read_text())
+    attention = json.loads((results / "cpu-long" / "attention.json").read_text())
+    with open(results / "table3" / "variations.csv", newline="") as file:
+        variations = {row["decoding"] for row in csv.DictReader(file)}
+    stored = {row["decoding"] for row in evaluation["results"]} | {attention["decoding"]}
+    assert stored | variations == {at.decoding_label(1), at.decoding_label(4, 0.6)}
+    assert at.decoding_label(4) == "beam 4, alpha 0.6" and at.decoding_label(1, 0.0) == "greedy"
+    assert at.decoding_label(2, 1.0) == "beam 2, alpha 1.0"
 
 
 # ---- checkpoints ---------------------------------------------------------------------------
