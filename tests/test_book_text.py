@@ -21,9 +21,12 @@ FORBIDDEN = {
 def built_pages():
     for path in sorted(BUILT.rglob("*.html")):
         parts = path.relative_to(BUILT).parts
-        if parts[0].startswith("_") or path.name in ("genindex.html", "search.html"):
+        if parts[0][0] in "_." or path.name in ("genindex.html", "search.html"):
             continue
         text = path.read_text(encoding="utf-8")
+        # the page's content, without the theme's header and buttons ("Open issue", ...)
+        start, end = text.find("<article"), text.rfind("</article>")
+        text = text[start:end] if start >= 0 < end else text
         text = re.sub(r"(?s)<(script|style)\b.*?</\1>", " ", text)  # code of the theme
         text = re.sub(r"(?s)<[^>]+>", " ", text)
         yield path.relative_to(ROOT), html.unescape(text)
