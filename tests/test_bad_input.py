@@ -8,12 +8,12 @@ import math
 
 import pytest
 import torch
-from test_training import TINY, quiet, toy_pairs
 
 import annotated_transformer as at
 import evaluate
 import train
 import variations
+from toy import TINY, quiet, toy_pairs
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import pathlib
 
 import pytest
 import torch
-from test_training import TINY, quiet, toy_pairs
 
 import annotated_transformer as at
+from toy import TINY, quiet, toy_pairs
 
 
 def small_model(seed=0, **options):

@@ -7,10 +7,10 @@ import math
 
 import pytest
 import torch
-from test_training import toy_pairs
 
 import annotated_transformer as at
 import variations
+from toy import toy_pairs
 
 PAPER_BASE = at.TrainConfig(model=dataclasses.replace(at.BASE, share_embeddings=True))
 
