@@ -27,24 +27,23 @@ def positive_int(text):
     return value
 
 
-def positive_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text!r}")
-    return value
+def finite_number(inclusive, what):
+    """An argparse type for finite numbers > 0, or >= 0 when inclusive; `what` names them."""
+
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (value >= 0 if inclusive else value > 0) or value == math.inf:
+            raise argparse.ArgumentTypeError(f"must be a {what}, got {text!r}")
+        return value
+
+    return parse
 
 
-def non_negative_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
+positive_float = finite_number(inclusive=False, what="positive finite number")
+non_negative_float = finite_number(inclusive=True, what="finite number >= 0")
 
 
 def device(text):
