@@ -123,14 +123,18 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def config_from_args(args):
-    """The profile with every flag that was given applied (apply_changes)."""
-    changes = {
+def given_changes(args):
+    """{field: value} for every config flag given on the command line."""
+    return {
         name: getattr(args, name)
         for name, _, _ in config_fields()
         if getattr(args, name) is not None
     }
-    return at.apply_changes(at.PROFILES[args.profile], changes)
+
+
+def config_from_args(args):
+    """The profile with every flag that was given applied (apply_changes)."""
+    return at.apply_changes(at.PROFILES[args.profile], given_changes(args))
 
 
 def command_for(config, profile="quick"):

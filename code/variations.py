@@ -316,12 +316,7 @@ def main(argv=None):
     scale = SCALES[args.scale]
     try:
         labels = selected_rows(scale, args.rows)
-        overrides = {
-            name: getattr(args, name)
-            for name, _, _ in train_cli.config_fields()
-            if getattr(args, name) is not None
-        }
-        base = at.apply_changes(scale.base, overrides)
+        base = at.apply_changes(scale.base, train_cli.given_changes(args))
         base = replace(base, checkpoint_every=base.max_steps)
         train_pairs = at.load_multi30k("train", data_dir=args.data_dir)
         val_pairs = at.load_multi30k("val", data_dir=args.data_dir)
