@@ -336,6 +336,11 @@ class Embeddings(nn.Module):
         super().__init__()
         self.embedding = nn.Embedding(vocab, d_model)
         self.d_model = d_model
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        # std d_model^-0.5, so that after the sqrt(d_model) below embeddings have unit scale
+        nn.init.normal_(self.embedding.weight, std=self.d_model**-0.5)
 
     def forward(self, tokens):
         return self.embedding(tokens) * math.sqrt(self.d_model)
@@ -382,6 +387,9 @@ class PositionalEncoding(nn.Module):
     def __init__(self, d_model, dropout, max_len=5000):
         super().__init__()
         self.dropout = nn.Dropout(dropout)
+        self.make_table(max_len, d_model)
+
+    def make_table(self, max_len, d_model):
         # a buffer moves with .to(device) but is no parameter; not saved, as it is a formula
         self.register_buffer("table", positional_encoding(max_len, d_model), persistent=False)
 
@@ -401,32 +409,17 @@ class PositionalEncoding(nn.Module):
         return self.dropout(x + self.table[offset : offset + seq])
 
 
-class LearnedPositionalEmbedding(nn.Module):
+class LearnedPositionalEmbedding(PositionalEncoding):
     """Table 3 row (E): a trained (max_len, d_model) table instead of the sinusoids, added to
-    the embeddings, then dropout. (batch, seq, d_model) -> same shape."""
+    the embeddings, then dropout, as PositionalEncoding does. (batch, seq, d_model) -> same."""
 
-    def __init__(self, d_model, dropout, max_len=5000):
-        super().__init__()
-        self.dropout = nn.Dropout(dropout)
+    def make_table(self, max_len, d_model):
         self.table = nn.Parameter(torch.empty(max_len, d_model))
         self.reset_parameters()
 
     def reset_parameters(self):
         # the root-mean-square of the sinusoids' components, so neither term swamps the other
         nn.init.normal_(self.table, std=2**-0.5)
-
-    @property
-    def max_len(self):
-        return self.table.size(0)
-
-    def forward(self, x, offset=0):
-        seq = x.size(1)
-        if offset + seq > self.max_len:
-            raise ValueError(
-                f"sequence of length {offset + seq} is longer than the learned table "
-                f"(max_len={self.max_len}); build the model with a larger max_len"
-            )
-        return self.dropout(x + self.table[offset : offset + seq])
 
 
 # --------------------------------------------------------------------------------------
@@ -516,22 +509,25 @@ def build_model(src_vocab, tgt_vocab, config=BASE):
         nn.Sequential(Embeddings(c.d_model, tgt_vocab), copied(position)),
         Generator(c.d_model, tgt_vocab),
     )
-    for p in model.parameters():
-        if p.dim() > 1:
-            nn.init.xavier_uniform_(p)
-    src_embedding = model.src_embed[0].embedding
-    for embedding in (src_embedding, model.tgt_embed[0].embedding):
-        # std d_model^-0.5, so that after the sqrt(d_model) of §3.4 embeddings have unit scale
-        nn.init.normal_(embedding.weight, std=c.d_model**-0.5)
-    for module in model.modules():
-        if isinstance(module, LearnedPositionalEmbedding):
-            module.reset_parameters()  # undo the Xavier init above, which is sized for weights
+    # after the deep copies, so that no two layers start from the same weights
+    model.apply(initialise)
     if c.share_embeddings:
         # §3.4: one matrix for both embeddings and the pre-softmax linear transformation
-        model.tgt_embed[0].embedding.weight = src_embedding.weight
-        model.generator.projection.weight = src_embedding.weight
+        shared = model.src_embed[0].embedding.weight
+        model.tgt_embed[0].embedding.weight = shared
+        model.generator.projection.weight = shared
     model.config = c
     return model
+
+
+def initialise(module):
+    """Each module's own initialisation: Xavier-uniform for the weights of linear maps (as
+    the Annotated Transformer), the tables' own reset_parameters for the embeddings (§3.4)
+    and learned positions (Table 3 row E). Biases and layer norms keep PyTorch's defaults."""
+    if isinstance(module, nn.Linear):
+        nn.init.xavier_uniform_(module.weight)
+    elif isinstance(module, Embeddings | LearnedPositionalEmbedding):
+        module.reset_parameters()
 
 
 def make_model(
@@ -746,6 +742,13 @@ def encode_pairs(pairs, tokenizer):
     return [(s.ids + [EOS_ID], [BOS_ID] + t.ids + [EOS_ID]) for s, t in zip(sources, targets)]
 
 
+def pad_ids(sequences, pad_id=PAD_ID):
+    """Lists of token ids -> one (len(sequences), longest) tensor, padded with pad_id."""
+    return nn.utils.rnn.pad_sequence(
+        [torch.tensor(ids) for ids in sequences], batch_first=True, padding_value=pad_id
+    )
+
+
 @dataclass
 class Batch:
     """One training batch: source, the shifted target the decoder reads (tgt_in), the tokens
@@ -773,12 +776,7 @@ class Batch:
         """Pad a list of (source ids, target ids) into one Batch."""
         if not pairs:
             raise ValueError("Batch.from_ids needs at least one (source ids, target ids) pair")
-        src, tgt = (
-            nn.utils.rnn.pad_sequence(
-                [torch.tensor(pair[side]) for pair in pairs], batch_first=True, padding_value=pad_id
-            )
-            for side in (0, 1)
-        )
+        src, tgt = (pad_ids([pair[side] for pair in pairs], pad_id) for side in (0, 1))
         return cls.from_tensors(src, tgt, sum(len(t) - 1 for _, t in pairs), pad_id)
 
     def to(self, device):
@@ -837,12 +835,7 @@ class EncodedCorpus:
             raise ValueError("EncodedCorpus needs at least one (source ids, target ids) pair")
         self.lengths = [(len(s), len(t)) for s, t in data]
         self.pad_id = pad_id
-        self.src, self.tgt = (
-            nn.utils.rnn.pad_sequence(
-                [torch.tensor(pair[side]) for pair in data], batch_first=True, padding_value=pad_id
-            )
-            for side in (0, 1)
-        )
+        self.src, self.tgt = (pad_ids([pair[side] for pair in data], pad_id) for side in (0, 1))
 
     @classmethod
     def from_pairs(cls, pairs, tokenizer):
@@ -919,6 +912,15 @@ RUN_LENGTH_FIELDS = (
     "log_every",
 )
 PROFILES = {
+    # a one-layer toy for tests and smoke runs: it trains in seconds and learns nothing useful
+    "tiny": TrainConfig(
+        model=ModelConfig(N=1, d_model=32, d_ff=64, h=2, share_embeddings=True),
+        vocab_size=200,
+        max_tokens=200,
+        warmup_steps=10,
+        max_steps=6,
+        checkpoint_every=3,
+    ),
     # a 2-layer model that learns something from Multi30k in a few minutes on 2 CPU cores
     "quick": TrainConfig(warmup_steps=200, max_steps=300, checkpoint_every=100, eval_every=100),
     # the paper's base model and recipe, with token batches sized for one GPU
@@ -1835,10 +1837,7 @@ def translate(model, tokenizer, sentences, beam_size=4, alpha=0.6, batch_size=64
     with torch.no_grad():
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
-            src = torch.full((len(chunk), len(encoded[chunk[-1]])), PAD_ID, dtype=torch.long)
-            for row, i in enumerate(chunk):
-                src[row, : len(encoded[i])] = torch.tensor(encoded[i])
-            src = src.to(device)
+            src = pad_ids([encoded[i] for i in chunk]).to(device)
             src_mask = padding_mask(src, PAD_ID)
             if beam_size == 1:
                 out = greedy_decode(model, src, src_mask)

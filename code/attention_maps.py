@@ -27,7 +27,9 @@ import json
 import pathlib
 import sys
 
+import pandas as pd
 import torch
+from tokenizers import Tokenizer
 
 import annotated_transformer as at
 import cli
@@ -104,17 +106,13 @@ def translate_ids(model, sources, beam_size=4, alpha=0.6, max_len=None):
             out = at.greedy_decode(model, src, src_mask, max_len=max_len)
         else:
             out = at.beam_search(model, src, src_mask, max_len, beam_size=beam_size, alpha=alpha)
-    targets = []
-    for row in out[:, 1:].tolist():
-        ids = []
-        for token in row:
-            if token == at.PAD_ID:
-                break
-            ids.append(token)
-            if token == at.EOS_ID:
-                break
-        targets.append(ids)
-    return targets
+    return [until_eos(row) for row in out[:, 1:].tolist()]
+
+
+def until_eos(ids):
+    """A decoded row up to and including its first </s>, without the padding after it."""
+    ids = ids[: ids.index(at.PAD_ID)] if at.PAD_ID in ids else ids
+    return ids[: ids.index(at.EOS_ID) + 1] if at.EOS_ID in ids else ids
 
 
 def attention_weights(model, sources, targets):
@@ -181,37 +179,23 @@ def extract(model, tokenizer, sentences, beam_size=4, alpha=0.6, max_len=None):
     return records
 
 
-# A small German -> English lexicon of frequent Multi30k content words (ours, by hand):
-# an output token and a source token it translates count as an aligned pair, so a head
-# that tracks alignment can be scored without a word aligner.
-LEXICON = """
-Mann: man | Männer: men | Frau: woman | Frauen: women | Hund: dog | Hunde: dogs
-Junge: boy | Jungen: boys | Mädchen: girl | Kind: child | Kinder: children | Baby: baby
-Menschen: people | Leute: people | Person: person | Gruppe: group | Wasser: water
-Straße: street | Strand: beach | Boot: boat | Gras: grass | Schnee: snow | Ball: ball
-Buch: book | Hut: hat | Bühne: stage | Band: band | Park: park | Stuhl: chair
-Gitarre: guitar | Mikrofon: microphone | Gesicht: face | Hand: hand | Baum: tree
-Foto: picture photo | Bild: picture photo | Helm: helmet | Meer: ocean sea | Kirche: church
-Kamera: camera | Hintergrund: background | Rucksack: backpack | Schlagzeug: drums
-Eltern: parents | Sohn: son | Shirt: shirt | Hemd: shirt | Zwei: two | zwei: two
-Drei: three | Vier: four | sitzt: sitting sits | sitzen: sitting sit
-steht: standing stands | stehen: standing stand | spielt: playing plays
-spielen: playing play | hält: holding holds | trägt: wearing wears carrying
-rennt: running runs | läuft: running walking runs walks | springt: jumping jumps
-singt: singing sings | lächelt: smiling smiles | liegt: lying laying
-fährt: riding rides driving | während: while | neben: next | hinter: behind | unter: under
-schwarzen: black | schwarzer: black | schwarze: black | weißen: white | weißer: white
-weiße: white | roten: red | rote: red | rot: red | blauen: blue | gelben: yellow
-grünen: green | braunen: brown | brauner: brown | braune: brown | großen: large big
-kleines: small little | kleinen: small little | kleiner: small little | kleine: small little
-seine: his | seinem: his | seinen: his | ihrem: her | ihre: her
-"""
-LEXICON = {
-    german.strip(): set(english.split())
-    for entry in LEXICON.replace("\n", " | ").split(" | ")
-    if entry.strip()
-    for german, english in [entry.split(":")]
-}
+LEXICON_PATH = pathlib.Path(__file__).with_name("lexicon_de_en.tsv")
+
+
+def read_lexicon(path=LEXICON_PATH):
+    """A German -> English lexicon as {german: {english, ...}} from a file of
+    german<TAB>english lines ('#' starts a comment line). Ours, by hand: frequent Multi30k
+    content words, so that a head that tracks alignment can be scored without a word aligner
+    (an output token and a source token it translates count as an aligned pair)."""
+    lexicon = {}
+    for line in pathlib.Path(path).read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            german, english = line.split("\t")
+            lexicon.setdefault(german, set()).add(english)
+    return lexicon
+
+
+LEXICON = read_lexicon()
 PUNCTUATION = {".", ",", "</s>"}
 
 
@@ -238,21 +222,19 @@ def self_attention_statistics(weights, keys):
     position = torch.arange(T)
     offset = (position.view(1, -1) - position.view(-1, 1)).float()  # key minus query
     special = [j for j, token in enumerate(keys) if token in PUNCTUATION or token == "<s>"]
-    rows = []
-    for head in weights:
-        rows.append(
-            {
-                "self": head.diagonal().mean().item(),
-                "previous": head.diagonal(-1).mean().item() if T > 1 else 0.0,
-                "next": head.diagonal(1).mean().item() if T > 1 else 0.0,
-                "punct_eos": head[:, special].sum(-1).mean().item(),
-                "offset": (head * offset).sum(-1).mean().item(),
-                "distance": (head * offset.abs()).sum(-1).mean().item(),
-                "far": (head * (offset.abs() >= 4)).sum(-1).mean().item(),
-                "peak": head.max(-1).values.mean().item(),
-            }
-        )
-    return rows
+    return [
+        {
+            "self": head.diagonal().mean().item(),
+            "previous": head.diagonal(-1).mean().item() if T > 1 else 0.0,
+            "next": head.diagonal(1).mean().item() if T > 1 else 0.0,
+            "punct_eos": head[:, special].sum(-1).mean().item(),
+            "offset": (head * offset).sum(-1).mean().item(),
+            "distance": (head * offset.abs()).sum(-1).mean().item(),
+            "far": (head * (offset.abs() >= 4)).sum(-1).mean().item(),
+            "peak": head.max(-1).values.mean().item(),
+        }
+        for head in weights
+    ]
 
 
 def source_attention_statistics(weights, source, target_output, lexicon=LEXICON):
@@ -271,67 +253,74 @@ def source_attention_statistics(weights, source, target_output, lexicon=LEXICON)
     diagonal = {t: round(t * (S - 1) / max(T - 1, 1)) for t, _ in pairs}
     reordered = [(t, js) for t, js in pairs if min(abs(j - diagonal[t]) for j in js) >= 3]
     special = [j for j, token in enumerate(source) if token in PUNCTUATION]
-    rows = []
-    for head in weights:
-        argmax = head.argmax(-1).tolist()
-        rows.append(
-            {
-                "punct_eos": head[:, special].sum(-1).mean().item(),
-                "peak": head.max(-1).values.mean().item(),
-                "pairs": len(pairs),
-                "aligned": sum(argmax[t] in js for t, js in pairs),
-                "aligned_weight": sum(head[t, js].sum().item() for t, js in pairs),
-                "diagonal": sum(diagonal[t] in js for t, js in pairs),
-                "chance": sum(len(js) / S for _, js in pairs),
-                "reordered_pairs": len(reordered),
-                "reordered_aligned": sum(argmax[t] in js for t, js in reordered),
-                "reordered_chance": sum(len(js) / S for _, js in reordered),
-            }
-        )
-    return rows
+    return [
+        {
+            "pairs": len(pairs),
+            "aligned": sum(argmax[t] in js for t, js in pairs),
+            "diagonal": sum(diagonal[t] in js for t, js in pairs),
+            "chance": sum(len(js) / S for _, js in pairs),
+            "aligned_weight": sum(head[t, js].sum().item() for t, js in pairs),
+            "reordered_pairs": len(reordered),
+            "reordered_aligned": sum(argmax[t] in js for t, js in reordered),
+            "reordered_chance": sum(len(js) / S for _, js in reordered),
+            "punct_eos": head[:, special].sum(-1).mean().item(),
+            "peak": head.max(-1).values.mean().item(),
+        }
+        for head, argmax in zip(weights, weights.argmax(-1).tolist())
+    ]
+
+
+def head_statistics(record, kind, weights):
+    """The per-head statistics (a list of dicts) of one layer's weights of attention `kind`."""
+    if kind == "encoder_decoder":
+        return source_attention_statistics(weights, record["source"], record["target_output"])
+    keys = record["source"] if kind == "encoder_self" else record["target_input"]
+    return self_attention_statistics(weights, keys)
+
+
+def measurements(records, kind):
+    """The long table of attention `kind`: one row per sentence, layer and head (both numbered
+    from 1, as in the paper's "layer 5 of 6"), holding that head's statistics."""
+    return pd.DataFrame(
+        [
+            {"layer": layer + 1, "head": head + 1, **row}
+            for record in records
+            for layer, weights in enumerate(record["attention"][kind])
+            for head, row in enumerate(head_statistics(record, kind, weights))
+        ]
+    )
+
+
+# the encoder-decoder hit counts (and weights) and the number of pairs each is a rate over
+PER_PAIR = {
+    "pairs": ["aligned", "diagonal", "chance", "aligned_weight"],
+    "reordered_pairs": ["reordered_aligned", "reordered_chance"],
+}
 
 
 def statistics(records):
-    """The statistics above for every kind, layer and head, summed or averaged over the
-    records: self-attention statistics are means over sentences, the alignment counts of
-    encoder-decoder attention are totals over all aligned pairs (aligned_weight and chance
-    become means per pair). Returns {kind: [{"layer", "head", ...}, ...]}."""
-    totals = {}
-    for record in records:
-        attention = record["attention"]
-        per_kind = {
-            "encoder_self": (attention["encoder_self"], record["source"]),
-            "decoder_self": (attention["decoder_self"], record["target_input"]),
-        }
-        for kind, (weights, keys) in per_kind.items():
-            for layer, layer_weights in enumerate(weights):
-                for head, row in enumerate(self_attention_statistics(layer_weights, keys)):
-                    totals.setdefault((kind, layer, head), []).append(row)
-        for layer, layer_weights in enumerate(attention["encoder_decoder"]):
-            rows = source_attention_statistics(
-                layer_weights, record["source"], record["target_output"]
-            )
-            for head, row in enumerate(rows):
-                totals.setdefault(("encoder_decoder", layer, head), []).append(row)
-    result = {kind: [] for kind in KINDS}
-    for (kind, layer, head), rows in totals.items():
-        entry = {"layer": layer + 1, "head": head + 1}
-        if kind == "encoder_decoder":
-            pairs = sum(r["pairs"] for r in rows)
-            reordered = sum(r["reordered_pairs"] for r in rows)
-            counted = ("aligned", "diagonal", "chance", "aligned_weight")
-            entry["pairs"] = pairs
-            entry.update({k: sum(r[k] for r in rows) / max(pairs, 1) for k in counted})
-            entry["reordered_pairs"] = reordered
-            for k in ("reordered_aligned", "reordered_chance"):
-                entry[k] = sum(r[k] for r in rows) / max(reordered, 1)
-            entry.update({k: sum(r[k] for r in rows) / len(rows) for k in ("punct_eos", "peak")})
-        else:
-            entry.update({k: sum(r[k] for r in rows) / len(rows) for k in rows[0]})
-        result[kind].append(
-            {k: round(v, 3) if isinstance(v, float) else v for k, v in entry.items()}
-        )
-    return result
+    """The statistics above for every kind, layer and head: the numbers behind chapter 7's
+    claims about what a head does (Figures 3-5). Means over the records, except for
+    encoder-decoder attention's pair counts (totals) and its hit counts, aligned_weight and
+    chance (rates per pair; 0 without pairs). Returns {kind: [{"layer", "head", ...}, ...]},
+    rounded to 3 decimals."""
+    records = list(records)  # an iterator would be spent after the first kind
+    return {kind: summarise(measurements(records, kind), kind) for kind in KINDS}
+
+
+def summarise(table, kind):
+    """Group a long table of one kind by head: means over sentences, or per pair (PER_PAIR)."""
+    if table.empty:
+        return []
+    by_head = table.groupby(["layer", "head"])
+    summary = by_head.mean()
+    if kind == "encoder_decoder":
+        totals = by_head.sum()
+        for count, counted in PER_PAIR.items():
+            summary[count] = totals[count]
+            summary[counted] = totals[counted].div(totals[count].clip(lower=1), axis=0)
+    rows = summary.reset_index().to_dict("records")
+    return [{name: round(value, 3) for name, value in row.items()} for row in rows]
 
 
 def uniform_like(record):
@@ -369,22 +358,42 @@ def load(path):
     return data
 
 
+def read_model(checkpoint):
+    """A checkpoint's model (evaluation mode, CPU), tokenizer and payload, from one read of the
+    file: at.load_checkpoint builds the same model but does not return the payload's step and
+    configuration, which the JSON records."""
+    payload = at.read_checkpoint(checkpoint)
+    tokenizer = Tokenizer.from_str(payload["tokenizer"])
+    vocab = tokenizer.get_vocab_size()
+    model = at.build_model(vocab, vocab, at.ModelConfig(**payload["config"]["model"]))
+    model.load_state_dict(payload["model"])
+    return model.eval(), tokenizer, payload
+
+
 def analyse(checkpoint, chosen, sample, beam_size=4, alpha=0.6):
-    """Load a checkpoint; extract the chosen sentences' records (with their links resolved)
-    and the head statistics over the `sample` sentences. Returns (payload, records,
-    statistics, uniform baseline statistics)."""
-    model, tokenizer = at.load_checkpoint(checkpoint)
-    payload = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    """One snapshot: the chosen sentences' records (their links resolved) and their links'
+    weights, and the head statistics over the `sample` sentences with the uniform-attention
+    baseline. Returns a dict: checkpoint, step, config, records, links, statistics, uniform."""
+    model, tokenizer, payload = read_model(checkpoint)
     records = extract(model, tokenizer, [de for *_, de, _ in chosen], beam_size, alpha)
     for record, (split, i, why, links, _, en) in zip(records, chosen):
-        links = find_links(record["source"], links)
-        record.update(split=split, index=i, shows=why, reference=en, links=links)
-    sample_records = []
-    for start in range(0, len(sample), 50):
-        sample_records += extract(model, tokenizer, sample[start : start + 50], beam_size, alpha)
-    stats = {"sentences": len(sample_records), **statistics(sample_records)}
-    uniform = {k: v[0] for k, v in statistics(map(uniform_like, sample_records)).items()}
-    return payload, records, stats, uniform
+        resolved = find_links(record["source"], links)
+        record.update(split=split, index=i, shows=why, reference=en, links=resolved)
+    sample_records = [
+        record
+        for start in range(0, len(sample), 50)
+        for record in extract(model, tokenizer, sample[start : start + 50], beam_size, alpha)
+    ]
+    uniform = statistics(map(uniform_like, sample_records))
+    return {
+        "checkpoint": str(checkpoint),
+        "step": payload.get("step"),
+        "config": payload["config"],
+        "records": records,
+        "links": link_weights(records),
+        "statistics": {"sentences": len(sample_records), **statistics(sample_records)},
+        "uniform": {kind: rows[0] for kind, rows in uniform.items()},
+    }
 
 
 def link_weights(records):
@@ -435,25 +444,20 @@ def main(argv=None):
     val = splits.get("val") or at.load_multi30k("val", data_dir=args.data_dir)
     sample = [de for de, _ in val[: args.sample]]
     options = {"beam_size": args.beam_size, "alpha": args.alpha}
-    snapshots = []
-    for checkpoint in [*args.also, args.checkpoint]:  # the last one is the one drawn
-        payload, records, stats, uniform = analyse(checkpoint, chosen, sample, **options)
-        snapshots.append(
-            {
-                "checkpoint": str(checkpoint),
-                "step": payload.get("step"),
-                "links": link_weights(records),
-                "statistics": stats,
-            }
-        )
+    paths = [*args.also, args.checkpoint]
+    analyses = [analyse(path, chosen, sample, **options) for path in paths]
+    drawn = analyses[-1]  # --checkpoint: the snapshot whose weights are stored
+    fields = ("checkpoint", "step", "links", "statistics")
+    snapshots = [{field: analysis[field] for field in fields} for analysis in analyses]
+    records = drawn["records"]
     data = to_json(
         records,
-        statistics=stats,
-        uniform=uniform,
+        statistics=drawn["statistics"],
+        uniform=drawn["uniform"],
         snapshots=snapshots,
-        checkpoint=str(args.checkpoint),
-        step=payload.get("step"),
-        config=payload["config"],
+        checkpoint=drawn["checkpoint"],
+        step=drawn["step"],
+        config=drawn["config"],
         decoding=at.decoding_label(args.beam_size, args.alpha),
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -104,11 +104,10 @@ SCALES = {
         note="GPU scale: the paper's base model and rows, on Multi30k",
     ),
     "tiny": Scale(
-        base=at.TrainConfig(
-            model=at.ModelConfig(N=1, d_model=32, d_ff=64, h=2, share_embeddings=True),
+        base=replace(
+            at.PROFILES["tiny"],
             vocab_size=300,
             max_tokens=300,
-            warmup_steps=10,
             max_steps=20,
             checkpoint_every=20,
             keep_checkpoints=1,

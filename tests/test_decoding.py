@@ -432,8 +432,14 @@ def test_translate_round_trips_a_batch_with_an_empty_string(tiny_run):
 def test_translate_handles_unknown_characters_and_refuses_bad_input(tiny_run):
     folder, _, _ = tiny_run
     model, tokenizer = at.load_checkpoint(folder / "checkpoint.pt")
-    assert at.UNK_ID in tokenizer.encode("a ☃ dog").ids
-    assert isinstance(at.translate(model, tokenizer, ["a ☃ dog"])[0], str)
+    ids = tokenizer.encode("a ☃ dog").ids
+    assert at.UNK_ID in ids
+    # the same string as decoding the ids by hand: the unknown character became <unk>
+    src = torch.tensor([ids + [at.EOS_ID]])
+    out = at.beam_search(model, src, at.padding_mask(src, at.PAD_ID), beam_size=4, alpha=0.6)
+    expected = tokenizer.decode(out[0].tolist(), skip_special_tokens=True)
+    assert at.translate(model, tokenizer, ["a ☃ dog"]) == [expected]
+    assert "<unk>" not in expected
     with pytest.raises(TypeError, match="wrap a single one"):
         at.translate(model, tokenizer, "a dog")
     with pytest.raises(TypeError, match="sentence 1 is a int"):

@@ -2,6 +2,9 @@
 order, and cells with side effects are refused."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -70,7 +73,24 @@ def test_side_effects_are_refused_naming_the_cell(tmp_path, statement):
         export.exported_cells(path)
 
 
-def test_module_imports_without_side_effects():
-    import annotated_transformer as at
-
-    assert callable(at.make_model) and at.BASE.d_model == 512
+def test_module_imports_without_side_effects(tmp_path):
+    """A fresh interpreter imports the module: nothing printed, no file written anywhere
+    under its working directory or beside the module, and the names the chapters define."""
+    code_dir = export.MODULE.parent
+    before = sorted(p.name for p in code_dir.iterdir())
+    probe = (
+        "import annotated_transformer as at\n"
+        "assert at.BASE.d_model == 512 and callable(at.make_model)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(code_dir), "PYTHONDONTWRITEBYTECODE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "" and result.stderr == ""
+    assert list(tmp_path.iterdir()) == []
+    assert sorted(p.name for p in code_dir.iterdir()) == before

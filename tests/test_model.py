@@ -319,5 +319,26 @@ def test_learned_positions_are_table_3_row_e():
     )
     with pytest.raises(ValueError, match="positions must be 'sinusoidal'"):
         at.ModelConfig(positions="rotary")
-    with pytest.raises(ValueError, match="longer than the learned table"):
+    with pytest.raises(ValueError, match="longer than the positional table"):
         learned.src_embed[1](torch.zeros(1, 41, 16))
+
+
+def test_each_module_is_initialised_by_its_own_rule_and_no_two_layers_start_equal():
+    torch.manual_seed(0)
+    d_model, vocab = 64, 3000
+    model = at.make_model(vocab, vocab, N=2, d_model=d_model, d_ff=256, h=4)
+    # Xavier-uniform: bound sqrt(6 / (fan_in + fan_out)), so std = bound / sqrt(3)
+    w_1 = model.encoder.layers[0].feed_forward.w_1.weight
+    xavier_std = (6 / (d_model + 256)) ** 0.5 / 3**0.5
+    assert abs(w_1.std().item() / xavier_std - 1) < 0.05
+    assert w_1.abs().max().item() <= (6 / (d_model + 256)) ** 0.5
+    # embeddings: std d_model^-0.5 (§3.4), not Xavier's sqrt(2 / (vocab + d_model))
+    for embedding in (model.src_embed[0].embedding, model.tgt_embed[0].embedding):
+        assert abs(embedding.weight.std().item() * d_model**0.5 - 1) < 0.02
+    # the deep copies of one layer were each initialised afresh
+    first, second = (layer.feed_forward.w_1.weight for layer in model.encoder.layers)
+    assert not torch.equal(first, second)
+    shared = at.make_model(vocab, vocab, N=1, d_model=d_model, d_ff=256, h=4, share_embeddings=True)
+    weight = shared.src_embed[0].embedding.weight
+    assert shared.generator.projection.weight is weight and shared.tgt_embed[0].embedding.weight is weight
+    assert abs(weight.std().item() * d_model**0.5 - 1) < 0.02

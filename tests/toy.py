@@ -1,18 +1,11 @@
-"""What the tests share: one tiny training configuration and one set of made-up sentence
+"""What the tests share: the tiny training profile and one set of made-up sentence
 pairs (a plain module, imported by name, so that no test module imports another)."""
 
 import torch
 
 import annotated_transformer as at
 
-TINY = at.TrainConfig(
-    model=at.ModelConfig(N=1, d_model=32, d_ff=64, h=2, share_embeddings=True),
-    vocab_size=200,
-    max_tokens=200,
-    warmup_steps=10,
-    max_steps=6,
-    checkpoint_every=3,
-)
+TINY = at.PROFILES["tiny"]
 WORDS = "a man woman dog runs sits on the red blue big small ball street grass".split()
 
 
