@@ -59,13 +59,16 @@ def mask_plot(mask, title, query_label="query position", key_label="key position
     return fig
 
 
-def attention_heads(weights, query_tokens, key_tokens, title, ncols=4, vmax=None):
-    """Weights (h, seq_q, seq_k) of every head, one small heatmap each, tokens as labels."""
+def attention_heads(weights, query_tokens, key_tokens, title, ncols=4, vmax=None, panel=1.75):
+    """Weights (h, seq_q, seq_k) of every head, one small heatmap each, tokens as labels.
+    Each panel is `panel` inches square, so four side by side fit the book's column."""
     weights = _as_array(weights)
     h = weights.shape[0]
     ncols = min(ncols, h)
     nrows = -(-h // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols, 3.0 * nrows), squeeze=False)
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(panel * ncols, (panel + 0.5) * nrows), squeeze=False
+    )
     for i, ax in enumerate(axes.flat):
         if i >= h:
             ax.axis("off")
@@ -81,9 +84,9 @@ def attention_heads(weights, query_tokens, key_tokens, title, ncols=4, vmax=None
             yticklabels=query_tokens,
             square=True,
         )
-        ax.set_title(f"head {i + 1}")
-        ax.tick_params(labelsize=7)
-    fig.suptitle(title)
+        ax.set_title(f"head {i + 1}", fontsize=9)
+        ax.tick_params(labelsize=7, length=0)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
 
