@@ -97,9 +97,7 @@ def translate_ids(model, sources, beam_size=4, alpha=0.6, max_len=None):
     """The model's own translations of source id lists, as target id lists (no <s>; the
     last id is </s> unless the length limit stopped the hypothesis). max_len=None is the
     paper's limit, input length + 50 (§6.1)."""
-    src = torch.full((len(sources), max(map(len, sources))), at.PAD_ID, dtype=torch.long)
-    for row, ids in enumerate(sources):
-        src[row, : len(ids)] = torch.tensor(ids)
+    src = at.pad_ids(sources)
     src_mask = at.padding_mask(src, at.PAD_ID)
     with torch.no_grad():
         if beam_size == 1:
@@ -445,7 +443,10 @@ def main(argv=None):
     sample = [de for de, _ in val[: args.sample]]
     options = {"beam_size": args.beam_size, "alpha": args.alpha}
     paths = [*args.also, args.checkpoint]
-    analyses = [analyse(path, chosen, sample, **options) for path in paths]
+    for path in paths:  # before minutes of decoding, not after
+        if not path.is_file():
+            raise FileNotFoundError(f"no checkpoint at {path}; train one with code/train.py")
+    analyses = [analyse(checkpoint, chosen, sample, **options) for checkpoint in paths]
     drawn = analyses[-1]  # --checkpoint: the snapshot whose weights are stored
     fields = ("checkpoint", "step", "links", "statistics")
     snapshots = [{field: analysis[field] for field in fields} for analysis in analyses]

@@ -133,6 +133,63 @@ def test_statistics_read_known_patterns():
     assert aligned["pairs"] == 2 and aligned["aligned"] == 1.0 and aligned["chance"] == 0.2
 
 
+def test_lexicon_file_is_one_german_tab_english_pair_per_line():
+    lines = attention_maps.LEXICON_PATH.read_text(encoding="utf-8").splitlines()
+    pairs = [tuple(line.split("\t")) for line in lines if not line.startswith("#")]
+    for pair in pairs:  # two fields, none blank or padded; English lower-case, as matched
+        assert len(pair) == 2 and all(word and word == word.strip() for word in pair), pair
+        assert pair[1] == pair[1].lower(), pair
+    assert len(set(pairs)) == len(pairs), "duplicate pairs"
+    lexicon = attention_maps.read_lexicon()
+    assert attention_maps.LEXICON == lexicon
+    assert sorted((de, en) for de, ens in lexicon.items() for en in ens) == sorted(pairs)
+    assert lexicon["Foto"] == {"picture", "photo"} and lexicon["Mann"] == {"man"}
+
+
+def test_statistics_averages_heads_over_sentences_and_alignment_over_pairs():
+    """Two one-head sentences, every number computed by hand."""
+    first = {
+        "source": ["Mann", "singt", "</s>"],
+        "target_input": ["<s>", "man", "sings"],
+        "target_output": ["man", "sings", "</s>"],
+        "attention": {
+            "encoder_self": torch.tensor([[0.5, 0.5, 0], [0, 1, 0], [0, 0, 1]]),
+            "decoder_self": torch.eye(3),
+            # "man" -> "singt" misses "Mann"; "sings" -> "singt" hits
+            "encoder_decoder": torch.tensor([[0.2, 0.8, 0], [0, 0.6, 0.4], [0, 0, 1]]),
+        },
+    }
+    second = {
+        "source": ["seine", "x", "y", "Hund", "</s>"],
+        "target_input": ["<s>", "dog"],
+        "target_output": ["dog", "</s>"],
+        "attention": {
+            "encoder_self": torch.eye(5)[[0, 1, 2, 3, 0]],  # itself; the last row the first
+            "decoder_self": torch.eye(2),
+            # "dog" -> "Hund", 3 tokens off the diagonal: a reordered pair, hit
+            "encoder_decoder": torch.tensor([[0, 0, 0, 1, 0], [0, 0, 0, 0.5, 0.5]]),
+        },
+    }
+    for record in (first, second):
+        record["attention"] = {k: w.view(1, 1, *w.shape) for k, w in record["attention"].items()}
+    stats = attention_maps.statistics([first, second])
+    # first: self 5/6, next 1/4, punct_eos 1/3, offset = distance = 1/6, peak 5/6;
+    # second: self 4/5, the </s> row 4 tokens back (offset -4/5, far 1/5), peak 1
+    assert stats["encoder_self"] == [
+        {"layer": 1, "head": 1, "self": 0.817, "previous": 0.0, "next": 0.125,
+         "punct_eos": 0.167, "offset": -0.317, "distance": 0.483, "far": 0.1, "peak": 0.917}
+    ]  # fmt: skip
+    # pairs: 2 + 1; hits 1 + 1, diagonal 2 + 0, chance 2/3 + 1/5, weight 0.8 + 1 (per pair);
+    # punct_eos (0.4 + 1) / 3 and 0.5 / 2, peak 2.4 / 3 and 1.5 / 2 (means over sentences)
+    assert stats["encoder_decoder"] == [
+        {"layer": 1, "head": 1, "pairs": 3, "aligned": 0.667, "diagonal": 0.667,
+         "chance": 0.289, "aligned_weight": 0.6, "reordered_pairs": 1,
+         "reordered_aligned": 1.0, "reordered_chance": 0.2, "punct_eos": 0.358, "peak": 0.775}
+    ]  # fmt: skip
+    assert stats["decoder_self"][0]["self"] == 1.0
+    assert attention_maps.statistics([]) == {kind: [] for kind in attention_maps.KINDS}
+
+
 def test_uniform_baseline():
     weights = torch.zeros(1, 1, 4, 4)
     record = record_with(weights, ["a", "b", "c", "</s>"], ["x", "y", "z", "</s>"])
