@@ -1,27 +1,19 @@
 """Speed, measured side by side: training steps and decoding of our Transformer against
-torch.nn.Transformer, in one process, timed with torch.utils.benchmark in interleaved rounds.
+torch.nn.Transformer, timed with torch.utils.benchmark in one process, in interleaved rounds.
 
     python code/benchmark.py --device cpu --threads 2 --config base small \\
         --out benchmarks/results/cpu.json
     python code/benchmark.py --device cuda --config base small --out benchmarks/results/cuda.json
     python code/benchmark.py --quick --out /tmp/smoke.json       # a tiny smoke run, seconds
 
-Per configuration (base: N=6, d_model=512; small: N=2, d_model=256; vocabulary 8000, batches
-of 32 sentences x 30 tokens on each side, no padding):
-- train/*: one at.train_step (forward, fused label-smoothed loss, backward, Adam with the rate
-  of Eq. (3)) of our model on the fused and the reference attention path, under bf16 autocast
-  where the hardware computes in bf16, and of torch.nn.Transformer of the same sizes inside
-  our embeddings, positional encoding and generator (TorchTransformer).
-- decode/*: greedy decoding and beam search (beam 4, alpha 0.6), with and without the
-  key/value cache; the end symbol is -1, which no token can be, so every sentence of the
-  untrained model decodes exactly 30 tokens.
-
-After --warmup untimed calls per row, rounds visit the rows in turn, each round starting one
-row later (A B C, B C A, ...), so that a change in the machine's load hits every row alike.
-A row's time in a round is the median call of one Timer.blocked_autorange (the Timer sizes
-its blocks with untimed calls first, waits for the device and runs on --threads threads); its
-time overall is the median over rounds. A ratio of two rows is given as the ratio of medians
-and as the median and range of the per-round ratios. Peak memory is measured on CUDA only.
+train/* rows time one at.train_step (forward, fused label-smoothed loss, backward, Adam with
+Eq. (3)) of our model (fused and reference attention; bf16 autocast where the hardware computes
+in bf16) and of torch.nn.Transformer inside our embeddings and generator; decode/* rows time
+greedy and beam 4 decoding with and without the key/value cache, never stopping early (end
+symbol -1). After --warmup calls per row, each round visits the rows starting one row later
+(A B C, B C A, ...), one Timer.blocked_autorange each, so that the machine's load hits every
+row alike. A row's time is the median over rounds; a ratio, the ratio of medians, with the
+median and range of the per-round ratios.
 """
 
 import argparse
@@ -42,32 +34,29 @@ import annotated_transformer as at
 import cli
 
 SCHEMA = 2
+NEVER = -1  # an end symbol no token id can equal: decoding runs its full length
+# work() does a row's unit of work once: `tokens` target tokens (decoding: tokens produced)
+Row = namedtuple("Row", "key label work tokens flops", defaults=[None])
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """One benchmark configuration: the architecture, the vocabulary (shared by source and
-    target sizes, not tied) and the batch: `batch` sentences of `seq` tokens on each side."""
+    """One configuration: the architecture, the vocabulary (source and target, not tied), and
+    `batch` sentence pairs of `seq` tokens on each side (decoding: `seq` tokens produced)."""
 
     name: str
     model: at.ModelConfig
     vocab: int = 8000
     batch: int = 32
     seq: int = 30
-    decode_steps: int = 30
-    beam_size: int = 4
 
 
 CONFIGS = {
     "base": BenchConfig("base", at.BASE),
     "small": BenchConfig("small", at.SMALL),
     # every code path in seconds: for --quick and the tests, not for conclusions
-    "tiny": BenchConfig(
-        "tiny", replace(at.SMALL, N=1, d_model=32, d_ff=64, h=4), 64, 4, 6, decode_steps=5
-    ),
+    "tiny": BenchConfig("tiny", replace(at.PROFILES["tiny"].model, share_embeddings=False), 64, 4, 6),
 }
-
-NEVER = -1  # an end symbol no token id can equal: decoding runs its full length
 
 
 def forward_flops(config, vocab, batch, src_len, tgt_len):
@@ -76,8 +65,7 @@ def forward_flops(config, vocab, batch, src_len, tgt_len):
     multiply and one add per term); softmax, LayerNorm, dropout, residual additions and the
     loss are element-wise, O(tokens * d_model), and left out, as torch's FlopCounterMode
     leaves them out. Embedding lookups are no arithmetic."""
-    c = config
-    d, h, N = c.d_model, c.h, c.N
+    c, d, h, N = config, config.d_model, config.h, config.N
     d_k, d_v = c.d_k or d // h, c.d_v or d // h
     src, tgt = batch * src_len, batch * tgt_len  # tokens through encoder and decoder
 
@@ -142,19 +130,15 @@ class TorchTransformer(nn.Module):
     Known differences from our model: nn.MultiheadAttention has biases on its four
     projections (4 d_model per attention module), and nn.Transformer closes the encoder and
     the decoder with a LayerNorm even in post-LN (2 d_model each): 12 N d_model + 4 d_model
-    more parameters. Dropout is the same: nn.Transformer also drops attention weights and
-    the ReLU hidden units with the one rate it takes, which the paper does not (§5.4), so
-    those are set to our attention_dropout and relu_dropout (0 by default)."""
+    more parameters. Dropout is the same: nn.Transformer's on attention weights and ReLU
+    units, which the paper lacks (§5.4), get our attention_dropout and relu_dropout (0)."""
 
     def __init__(self, vocab, config):
         super().__init__()
         c = config
-        self.src_embed = nn.Sequential(
-            at.Embeddings(c.d_model, vocab), at.PositionalEncoding(c.d_model, c.dropout, c.max_len)
-        )
-        self.tgt_embed = nn.Sequential(
-            at.Embeddings(c.d_model, vocab), at.PositionalEncoding(c.d_model, c.dropout, c.max_len)
-        )
+        embed = [at.Embeddings(c.d_model, vocab) for _ in range(2)]  # source, target
+        position = [at.PositionalEncoding(c.d_model, c.dropout, c.max_len) for _ in range(2)]
+        self.src_embed, self.tgt_embed = map(nn.Sequential, embed, position)
         self.transformer = nn.Transformer(
             d_model=c.d_model,
             nhead=c.h,
@@ -162,9 +146,7 @@ class TorchTransformer(nn.Module):
             num_decoder_layers=c.N,
             dim_feedforward=c.d_ff,
             dropout=c.dropout,
-            activation="relu",
-            batch_first=True,
-            norm_first=False,
+            batch_first=True,  # post-LN (norm_first=False) and ReLU: the defaults
         )
         for layer in [*self.transformer.encoder.layers, *self.transformer.decoder.layers]:
             layer.self_attn.dropout = c.attention_dropout
@@ -172,9 +154,7 @@ class TorchTransformer(nn.Module):
                 layer.multihead_attn.dropout = c.attention_dropout
             layer.dropout = nn.Dropout(c.relu_dropout)  # between the feed-forward's two maps
         self.generator = at.Generator(c.d_model, vocab)
-        for embed in (self.src_embed, self.tgt_embed):
-            nn.init.normal_(embed[0].embedding.weight, std=c.d_model**-0.5)  # as at.build_model
-        nn.init.xavier_uniform_(self.generator.projection.weight)
+        at.initialise(self.generator.projection)  # as at.build_model; embeddings init themselves
 
     def forward(self, src, tgt, src_mask, tgt_mask):
         # our boolean masks are True where attending is allowed, nn.Transformer's where not
@@ -192,31 +172,26 @@ class TorchTransformer(nn.Module):
         )
 
 
-def cpu_bf16_native():
-    """Whether the CPU multiplies bf16 natively (AVX-512 BF16 or AMX), by PyTorch's own CPU
-    detection (cpuinfo); elsewhere bf16 autocast only converts back and forth, slower than
-    float32. Chosen over torch.ops.mkldnn._is_mkldnn_bf16_supported(), which says yes for any
-    AVX-512 CPU. Both are private to torch: if they go, the answer is no (--bf16 on still
-    measures the row)."""
+def bf16_native(device):
+    """Whether `device` multiplies bf16 natively (a GPU that supports it, a CPU with AVX-512
+    BF16 or AMX by torch's cpuinfo); elsewhere bf16 autocast only converts, slower than fp32."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    # Not torch.ops.mkldnn._is_mkldnn_bf16_supported(): it says yes for any AVX-512 CPU.
+    # These helpers are private to torch; should they go, the answer is no (--bf16 on remains).
     try:
         return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
     except (AttributeError, RuntimeError):
         return False
 
 
-# one way of doing a unit of work: work() does it once; tokens: target tokens per call (decoding:
-# tokens produced); flops: model FLOPs per call (training rows only)
-Row = namedtuple("Row", "key label work tokens flops", defaults=[None])
-
-
 def random_batch(bench, device, seed=0):
     """bench.batch pairs of random ids shaped like at.encode_pairs' output, no padding: a
     source of bench.seq tokens ending in </s>, a target <s> ... </s> of bench.seq + 1."""
     generator = torch.Generator().manual_seed(seed)
-    words = torch.randint(4, bench.vocab, (2, bench.batch, bench.seq - 1), generator=generator)
-    ends = torch.full((bench.batch, 1), at.EOS_ID)
-    src = torch.cat([words[0], ends], dim=1)
-    tgt = torch.cat([torch.full_like(ends, at.BOS_ID), words[1], ends], dim=1)
+    src = torch.randint(4, bench.vocab, (bench.batch, bench.seq), generator=generator)
+    tgt = torch.randint(4, bench.vocab, (bench.batch, bench.seq + 1), generator=generator)
+    src[:, -1], tgt[:, 0], tgt[:, -1] = at.EOS_ID, at.BOS_ID, at.EOS_ID
     return at.Batch.from_tensors(src, tgt, bench.batch * bench.seq).to(device)
 
 
@@ -253,11 +228,11 @@ def training_rows(bench, device, bf16):
 
 
 def decoding_rows(bench, device):
-    """Rows that decode the same sources for exactly bench.decode_steps tokens each."""
+    """Rows that decode the same sources for exactly bench.seq tokens each."""
     torch.manual_seed(0)
     model = at.build_model(bench.vocab, bench.vocab, bench.model).to(device).eval()
     batch = random_batch(bench, device, seed=1)
-    steps, beam = bench.decode_steps, {"beam_size": bench.beam_size, "alpha": 0.6}
+    steps, beam = bench.seq, {"beam_size": 4, "alpha": 0.6}
 
     def row(key, label, search, cache, **options):
         options.update(max_len=steps, end_symbol=NEVER, cache=cache)
@@ -270,32 +245,26 @@ def decoding_rows(bench, device):
 
         return Row(key, label, work, bench.batch * steps)
 
-    k = bench.beam_size
     return [
         row("decode/greedy-nocache", "greedy, no cache", at.greedy_decode, False),
         row("decode/greedy-cache", "greedy, key/value cache", at.greedy_decode, True),
-        row("decode/beam-nocache", f"beam {k}, no cache", at.beam_search, False, **beam),
-        row("decode/beam-cache", f"beam {k}, key/value cache", at.beam_search, True, **beam),
+        row("decode/beam-nocache", "beam 4, no cache", at.beam_search, False, **beam),
+        row("decode/beam-cache", "beam 4, key/value cache", at.beam_search, True, **beam),
     ]
 
 
 def measure(rows, rounds, warmup, min_seconds, title="", log=print):
     """Warm every row up (`warmup` calls), then time `rounds` interleaved rounds, each one
     starting one row later. Returns, per row, its Measurements, one per round."""
+    log(f"{title}: {len(rows)} rows, {warmup} warm-up calls each, {rounds} rounds")
+    threads = torch.get_num_threads()
     timers = [
-        Timer(
-            "work()",
-            globals={"work": row.work},
-            label=title,
-            sub_label=f"{row.key}: {row.label}",
-            description="median over rounds",
-            num_threads=torch.get_num_threads(),
-        )
+        Timer("work()", globals={"work": row.work}, label=title, num_threads=threads,
+              sub_label=f"{row.key}: {row.label}", description="median")
         for row in rows
-    ]
-    for row in rows:
-        for _ in range(warmup):
-            row.work()
+    ]  # fmt: skip
+    for row in rows * warmup:  # A B C A B C ...
+        row.work()
     measured = [[] for _ in rows]
     for r in range(rounds):
         for i in range(len(rows)):
@@ -306,17 +275,12 @@ def measure(rows, rounds, warmup, min_seconds, title="", log=print):
 
 
 def peak_memory(work, device):
-    """CUDA: the caching allocator's peak during one call, and its rise above what was
-    allocated before (activations, gradients, temporaries). None elsewhere."""
+    """CUDA: the caching allocator's peak bytes in one call, weights included; None elsewhere."""
     if device.type != "cuda":
         return None
-    torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
-    work()
-    torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device)
-    return {"peak_bytes": peak, "added_bytes": peak - before}
+    work()  # the allocator keeps its books on the host: no need to wait for the device
+    return torch.cuda.max_memory_allocated(device)
 
 
 def summarize(row, measurements, memory=None, peak_flops=None):
@@ -327,14 +291,13 @@ def summarize(row, measurements, memory=None, peak_flops=None):
     return {
         "label": row.label,
         "times_s": times,
-        "calls": [m.number_per_run * len(m.raw_times) for m in measurements],
         "median_s": median,
         "tokens": row.tokens,
         "tokens_per_s": row.tokens / median,
         "flops": row.flops,
         "flops_per_s": flops_per_s,
         "mfu": flops_per_s / peak_flops if flops_per_s and peak_flops else None,
-        "memory": memory,
+        "peak_memory_bytes": memory,
     }
 
 
@@ -351,8 +314,7 @@ RATIOS = [
 
 def ratio(rows, numerator, denominator):
     """Time of row `numerator` over time of row `denominator`: ratio of the medians, and the
-    median and range of the per-round ratios (rounds are paired: same machine state). The
-    ratio of medians always lies within the per-round range."""
+    median and range of the per-round ratios (a round's rows share the machine's state)."""
     a, b = rows[numerator]["times_s"], rows[denominator]["times_s"]
     paired = [x / y for x, y in zip(a, b)]
     return {
@@ -365,41 +327,24 @@ def ratio(rows, numerator, denominator):
     }
 
 
-def bf16_row(device, choice):
-    """(whether to time the bf16 row, the reason when not). auto: on CUDA devices that
-    support bf16, and on CPUs with native bf16 (cpu_bf16_native)."""
-    if choice != "auto":
-        return choice == "on", "--bf16 off"
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported(), "this GPU does not compute in bf16"
-    reason = (
-        f"this CPU ({torch.backends.cpu.get_cpu_capability()}) has no native bf16 matrix unit "
-        "(AVX-512 BF16 or AMX) by torch.cpu's detection; autocast would only emulate it"
-    )
-    return cpu_bf16_native(), reason
-
-
 def run_config(bench, device, args, log):
     """Build, warm up, time and summarise every row of one configuration. Returns its JSON
     record and, for Compare, one Measurement per row holding its per-round times."""
-    bf16, reason = bf16_row(device, args.bf16)
+    bf16 = args.bf16 == "on" or (args.bf16 == "auto" and bf16_native(device))
+    why_not = "--bf16 off" if args.bf16 == "off" else "no native bf16 (CPU: AVX-512 BF16, AMX)"
     peak = bf16_peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
-    rows, table = {}, []
-    # one group at a time, so that only one group's models hold memory
     groups = {
         "training step": lambda: training_rows(bench, device, bf16),
         "decoding": lambda: decoding_rows(bench, device),
     }
-    for group, build in groups.items():
+    rows, table = {}, []
+    for group, build in groups.items():  # one at a time: only one group's models in memory
         built = build()
-        log(f"{bench.name}: timing {group} ({len(built)} rows, {args.rounds} rounds)")
         title = f"{bench.name}: {group}"
         measured = measure(built, args.rounds, args.warmup, args.min_seconds, title, log)
         for row, measurements in zip(built, measured):
-            memory = peak_memory(row.work, device)
-            rows[row.key] = summarize(row, measurements, memory, peak)
-            times = rows[row.key]["times_s"]
-            table.append(Measurement(1, times, measurements[0].task_spec))
+            rows[row.key] = summarize(row, measurements, peak_memory(row.work, device), peak)
+            table.append(Measurement(1, rows[row.key]["times_s"], measurements[0].task_spec))
         del built, measured
     shape = bench.vocab, bench.batch, bench.seq, bench.seq
     return {
@@ -410,7 +355,7 @@ def run_config(bench, device, args, log):
         },
         "rows": rows,
         "ratios": {label: ratio(rows, a, b) for a, b, label in RATIOS if a in rows and b in rows},
-        "skipped": {} if bf16 else {"train/ours-fused-bf16": reason},
+        "skipped": {} if bf16 else {"train/ours-fused-bf16": why_not},
     }, table
 
 
@@ -423,7 +368,7 @@ def parse_args(argv=None):
     add("--threads", type=cli.positive_int, help="torch CPU threads (default: torch's)")
     add("--config", nargs="+", choices=sorted(CONFIGS), default=["base"], help="configurations")
     add("--rounds", type=cli.positive_int, help="interleaved rounds per row (default 7)")
-    add("--warmup", type=int, help="untimed calls per row before the rounds (default 1)")
+    add("--warmup", type=int, default=1, help="untimed calls per row before the rounds")
     add("--min-seconds", type=cli.non_negative_float, default=0.2, help="min_run_time per round")
     add("--bf16", choices=["auto", "on", "off"], default="auto", help="the bf16 autocast row")
     add("--quick", action="store_true", help="smoke run: tiny, 2 rounds unless given, no minimum")
@@ -432,7 +377,6 @@ def parse_args(argv=None):
     if args.quick:
         args.config, args.min_seconds = ["tiny"], 0.0
     args.rounds = args.rounds or (2 if args.quick else 7)
-    args.warmup = 1 if args.warmup is None else args.warmup
     if args.warmup < 0:
         parser.error(f"argument --warmup: must be an integer >= 0, got {args.warmup}")
     return args
@@ -440,57 +384,40 @@ def parse_args(argv=None):
 
 @cli.user_errors_exit_2("benchmark.py")
 def main(argv=None, log=None):
+    """Measure every configuration asked for, print the table and ratios, write the JSON."""
     args = parse_args(argv)
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
-    device = torch.device(args.device)
-    threads = torch.get_num_threads()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
-        return run(args, argv, device, log)
-    finally:
-        torch.set_num_threads(threads)  # main() may be called in-process (the tests do)
-
-
-def hardware(device):
-    """What the numbers came from; the load average at the end is added after the rounds."""
+    device, threads = torch.device(args.device), torch.get_num_threads()
+    torch.set_num_threads(args.threads or threads)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return {
-        "description": at.hardware_description(device),
-        "cpu_count": os.cpu_count(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_bf16_native": cpu_bf16_native(),
-        "gpu": gpu,
-        "gpu_bf16_peak_flops": bf16_peak_flops(gpu) if gpu else None,
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "load_average_start": list(os.getloadavg()),
-    }
-
-
-def run(args, argv, device, log):
-    """Measure every configuration of `args`, print the table and ratios, write the JSON."""
+    command = ["python code/benchmark.py", *(sys.argv[1:] if argv is None else argv)]
+    settings = {k: vars(args)[k] for k in ("device", "rounds", "warmup", "min_seconds", "bf16")}
+    settings.update(decode_end_symbol=NEVER, tf32=torch.backends.cuda.matmul.allow_tf32)
     results = {
         "schema": SCHEMA,
-        "command": "python code/benchmark.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": " ".join(command),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "settings": {
-            "device": device.type,
-            "rounds": args.rounds,
-            "warmup": args.warmup,
-            "min_seconds": args.min_seconds,
-            "bf16": args.bf16,
-            "decode_end_symbol": NEVER,
-            "tf32": torch.backends.cuda.matmul.allow_tf32,
+        "settings": settings,
+        "hardware": {
+            "description": at.hardware_description(device),
+            "cpu_count": os.cpu_count(),
+            "bf16_native": bf16_native(device),
+            "gpu": gpu,
+            "gpu_bf16_peak_flops": bf16_peak_flops(gpu) if gpu else None,
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "load_average_start": list(os.getloadavg()),
         },
-        "hardware": hardware(device),
         "runs": {},
     }
     table = []
-    for name in args.config:
-        results["runs"][name], measurements = run_config(CONFIGS[name], device, args, log)
-        table += measurements
-    results["hardware"]["load_average_end"] = list(os.getloadavg())
+    try:
+        for name in args.config:
+            results["runs"][name], measurements = run_config(CONFIGS[name], device, args, log)
+            table += measurements
+        results["hardware"]["load_average_end"] = list(os.getloadavg())
+    finally:
+        torch.set_num_threads(threads)  # main() may be called in-process (the tests do)
     report(results, table)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -502,20 +429,18 @@ def run(args, argv, device, log):
 def report(results, table):
     """Print the machine, Compare's table of median times, and the ratios."""
     hw = results["hardware"]
-    print(f"{hw['description']}; {results['created']}")
-    print(
-        f"load average: {hw['load_average_start'][0]:.2f} before, {hw['load_average_end'][0]:.2f} after"
-    )
-    print(results["command"])
+    load = hw["load_average_start"][0], hw["load_average_end"][0]
+    print(f"{hw['description']}; load average {load[0]:.2f} before, {load[1]:.2f} after")
+    print(f"{results['created']}: {results['command']}")
     compare = Compare(table)
-    compare.highlight_warnings()  # (! x%): the per-round times spread by x% (interquartile)
+    compare.highlight_warnings()  # (! x%): the per-round times spread x% (interquartile range)
     compare.print()
-    for name, run_ in results["runs"].items():
-        print(f"{name}, {run_['flops']['training_step'] / 1e9:,.3f} GFLOP per training step")
-        for label, r in run_["ratios"].items():
+    for name, run in results["runs"].items():
+        print(f"{name}: {run['flops']['training_step'] / 1e9:,.3f} GFLOP per training step")
+        for label, r in run["ratios"].items():
             spread = f"per round {r['paired_min']:.3f}..{r['paired_max']:.3f}"
             print(f"  {label:<52} {r['ratio']:6.3f}  ({spread})")
-        for key, reason in run_["skipped"].items():
+        for key, reason in run["skipped"].items():
             print(f"  skipped {key}: {reason}")
 
 

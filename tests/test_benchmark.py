@@ -1,8 +1,9 @@
 """The benchmark suite (code/benchmark.py): its FLOP formula against PyTorch's flop counter,
-its nn.Transformer baseline, the targets it checks, and a smoke run end to end. Tiny sizes
-only, and no timed assertions: speed depends on the machine and is never tested."""
+its nn.Transformer baseline, its interleaved rounds and ratios, its flags, and a smoke run end
+to end. Tiny sizes only, and no timed assertions: speed depends on the machine."""
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -136,6 +137,7 @@ def test_the_baseline_masks_padding_and_the_future():
 
 
 def test_bf16_peaks_by_device_name():
+    assert isinstance(benchmark.BF16_PEAK_FLOPS, dict)  # the performance page reads it
     assert benchmark.bf16_peak_flops("NVIDIA H100 80GB HBM3") == 989e12
     assert benchmark.bf16_peak_flops("NVIDIA H100 PCIe") == 756e12
     assert benchmark.bf16_peak_flops("NVIDIA H200") == 989e12
@@ -143,60 +145,71 @@ def test_bf16_peaks_by_device_name():
     assert benchmark.bf16_peak_flops("Some Future GPU") is None
 
 
-def fake_results(ratios, device="cpu", threads=2):
-    rows = {key: {} for a, b, _ in ratios for key in (a, b)}
-    return {
-        "settings": {"device": device},
-        "hardware": {"threads": threads},
-        "runs": {
-            "base": {
-                "rows": rows,
-                "ratios": {
-                    f"{a} / {b}": {
-                        "numerator": a,
-                        "denominator": b,
-                        "ratio": r,
-                        "paired_min": r * 0.9,
-                        "paired_max": r * 1.1,
-                    }
-                    for a, b, r in ratios
-                },
-            }
-        },
-    }
+def test_rounds_visit_the_rows_in_rotated_order():
+    # every call of every row, in order: warm-up A B C, then rounds A B C, B C A, C A B,
+    # each row's measurement a run of calls (the Timer's untimed sizing call, then its block)
+    calls = []
+    rows = [benchmark.Row(key, key, lambda key=key: calls.append(key), 1) for key in "ABC"]
+    measured = benchmark.measure(rows, rounds=3, warmup=1, min_seconds=0.0, log=lambda _: None)
+    visits = [key for i, key in enumerate(calls) if i == 0 or calls[i - 1] != key]
+    assert visits == list("ABC" + "ABC" + "BCA" + "CAB")
+    assert [len(m) for m in measured] == [3, 3, 3]  # one Measurement per row and round
+    assert all(m.median > 0 for per_row in measured for m in per_row)
 
 
-def test_targets_are_checked_with_their_margins():
-    results = fake_results(
-        [
-            ("train/ours-fused", "train/torch", 0.84),
-            ("decode/greedy-cache", "decode/greedy-nocache", 0.20),
-            ("decode/beam-cache", "decode/greedy-nocache", 0.5),
-        ]
-    )
-    checks = {c["target"]: c for c in benchmark.targets(results)}
-    train = checks["training step / nn.Transformer's, float32"]
-    assert not train["reached"] and train["margin"] == pytest.approx(1.2)  # missed by 20%
-    assert train["per_round"] == pytest.approx([0.756, 0.924])
-    assert checks["greedy with cache / greedy without"]["reached"]
-    assert checks["beam 4 with cache / greedy without"]["reached"]
-    assert len(checks) == 3  # no bf16 row measured, no bf16 target reported
-    assert benchmark.targets({"runs": {}}) == []  # targets are about the base configuration
+def test_ratio_of_medians_lies_within_the_per_round_range():
+    # rounds are paired: if a <= r * b in every round, median(a) <= r * median(b)
+    rows = {"a": {"times_s": [1.0, 4.0, 2.0, 9.0]}, "b": {"times_s": [2.0, 2.0, 8.0, 3.0]}}
+    r = benchmark.ratio(rows, "a", "b")
+    assert r["ratio"] == pytest.approx(3.0 / 2.5)
+    assert r["paired_min"] == 0.25 and r["paired_max"] == 3.0 and r["paired_median"] == 1.25
+    assert r["paired_min"] <= r["ratio"] <= r["paired_max"]
 
 
-def test_quick_run_writes_json_with_every_row(tmp_path):
+def test_bf16_rows_train_on_a_cpu():
+    # the code path, not the speed: autocast bf16 on a CPU that may only emulate it
+    rows = benchmark.training_rows(TINY, torch.device("cpu"), bf16=True)
+    assert [row.key for row in rows][-1] == "train/ours-fused-bf16"
+    for row in rows:
+        row.work()
+        assert row.tokens == TINY.batch * TINY.seq
+        assert row.flops == benchmark.training_flops(TINY.model, TINY.vocab, 4, 6, 6)
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--rounds", "0"], "--rounds"),
+        (["--warmup", "-1"], "--warmup"),
+        (["--min-seconds", "-0.5"], "--min-seconds"),
+        (["--threads", "two"], "--threads"),
+        (["--config", "huge"], "--config"),
+        (["--bf16", "maybe"], "--bf16"),
+        (["--device", "tpu"], "--device"),
+    ],
+)
+def test_a_bad_flag_exits_2_naming_it(argv, flag, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        benchmark.main(argv, log=lambda _: None)
+    assert exit_.value.code == 2
+    assert f"argument {flag}" in capsys.readouterr().err
+
+
+def test_quick_run_writes_json_with_every_row_and_ratio(tmp_path, capsys):
     out = tmp_path / "results" / "quick.json"
     torch.set_num_threads(2)
     benchmark.main(["--quick", "--threads", "1", "--out", str(out)], log=lambda _: None)
     assert torch.get_num_threads() == 2  # main() restores the thread count it changed
     results = json.loads(out.read_text())
-    assert {"schema", "command", "created", "settings", "hardware", "runs", "targets"} <= set(
-        results
-    )
-    assert {"cpu", "threads", "torch", "gpu", "cpu_bf16_native", "load_average"} <= set(
-        results["hardware"]
-    )
-    assert results["hardware"]["threads"] == 1
+    assert results["schema"] == benchmark.SCHEMA
+    assert {"schema", "command", "created", "settings", "hardware", "runs"} == set(results)
+    hardware = results["hardware"]
+    torch.set_num_threads(1)  # as during the run: the description names the thread count
+    assert hardware["description"] == at.hardware_description("cpu")
+    assert hardware["threads"] == 1 and hardware["torch"] == torch.__version__
+    assert len(hardware["load_average_start"]) == len(hardware["load_average_end"]) == 3
+    assert hardware["gpu"] is None and hardware["gpu_bf16_peak_flops"] is None
+    assert results["settings"]["rounds"] == 2 and results["settings"]["decode_end_symbol"] == -1
     run = results["runs"]["tiny"]
     expected = {
         "train/ours-fused",
@@ -207,28 +220,25 @@ def test_quick_run_writes_json_with_every_row(tmp_path):
         "decode/beam-nocache",
         "decode/beam-cache",
     }
-    assert expected <= set(run["rows"])
-    assert ("train/ours-fused-bf16" in run["rows"]) != ("train/ours-fused-bf16" in run["skipped"])
-    for row in run["rows"].values():
-        assert len(row["times_s"]) == results["settings"]["rounds"] == 2
-        assert row["median_s"] > 0 and row["tokens_per_s"] > 0
-        assert {"method", "peak_bytes", "added_bytes"} <= set(row["memory"])
+    bf16 = "train/ours-fused-bf16"
+    assert set(run["rows"]) == expected | ({bf16} if bf16 in run["rows"] else set())
+    assert (bf16 in run["rows"]) == hardware["bf16_native"]  # --bf16 auto
+    assert (bf16 in run["rows"]) != (bf16 in run["skipped"])
+    printed = capsys.readouterr().out
+    for key, row in run["rows"].items():
+        assert f"{key}: {row['label']}" in printed  # a row of Compare's table
+        assert len(row["times_s"]) == 2 and all(0 < t < math.inf for t in row["times_s"])
+        assert min(row["times_s"]) <= row["median_s"] <= max(row["times_s"])
+        assert row["tokens_per_s"] == pytest.approx(row["tokens"] / row["median_s"])
+        assert row["mfu"] is None and row["peak_memory_bytes"] is None  # a CPU: neither
     assert run["rows"]["train/torch"]["flops"] == run["flops"]["training_step"]
-    ratio = run["ratios"]["greedy: with cache / without"]
-    assert ratio["numerator"] == "decode/greedy-cache"
-    assert ratio["paired_min"] <= ratio["paired_median"] <= ratio["paired_max"]
-
-
-def test_ladder_and_bf16_rows_run_on_a_cpu(tmp_path):
-    # the GPU's ladder of speed switches, minus torch.compile (minutes to compile on a CPU):
-    # the code paths, not the speed
-    out = tmp_path / "ladder.json"
-    argv = ["--quick", "--threads", "1", "--rounds", "1", "--ladder", "on", "--no-compile"]
-    argv += ["--bf16", "on"]
-    benchmark.main([*argv, "--out", str(out)], log=lambda _: None)
-    run = json.loads(out.read_text())["runs"]["tiny"]
-    ladder = [key for key in run["rows"] if key.startswith("ladder/")]
-    assert ladder == [key for key, _, _ in benchmark.LADDER[:-1]]
-    assert "train/ours-fused-bf16" in run["rows"]
-    first = run["rows"][ladder[0]]
-    assert first["tokens"] == run["rows"][ladder[-1]]["tokens"]  # the same corpus each row
+    assert run["flops"]["forward"] == benchmark.forward_flops(TINY.model, 64, 4, 6, 6)
+    assert run["rows"]["decode/beam-cache"]["tokens"] == 4 * 6
+    labels = [label for a, b, label in benchmark.RATIOS if {a, b} <= set(run["rows"])]
+    assert list(run["ratios"]) == labels and len(labels) >= 6
+    for label, r in run["ratios"].items():
+        a, b = (run["rows"][key]["median_s"] for key in (r["numerator"], r["denominator"]))
+        assert r["ratio"] == pytest.approx(a / b)
+        assert r["paired_min"] <= min(r["ratio"], r["paired_median"])
+        assert max(r["ratio"], r["paired_median"]) <= r["paired_max"]
+        assert label in printed
