@@ -10,21 +10,9 @@ import torch
 
 import annotated_transformer as at
 import variations
-from toy import toy_pairs
+from toy import toy_ids, toy_pairs
 
 PAPER_BASE = at.TrainConfig(model=dataclasses.replace(at.BASE, share_embeddings=True))
-
-
-def random_ids(n, vocab, seed=0):
-    """(source ids, target ids) pairs of varied lengths, as encode_pairs returns them."""
-    generator = torch.Generator().manual_seed(seed)
-    data = []
-    for _ in range(n):
-        src_len, tgt_len = torch.randint(1, 12, (2,), generator=generator).tolist()
-        src = torch.randint(4, vocab, (src_len,), generator=generator).tolist()
-        tgt = torch.randint(4, vocab, (tgt_len,), generator=generator).tolist()
-        data.append((src + [at.EOS_ID], [at.BOS_ID] + tgt + [at.EOS_ID]))
-    return data
 
 
 def paper_scale_parameters(config):
@@ -41,7 +29,7 @@ def test_validation_perplexity_is_exp_of_the_mean_unsmoothed_nll():
     torch.manual_seed(0)
     vocab = 23
     model = at.make_model(vocab, vocab, N=1, d_model=16, d_ff=32, h=2, dropout=0.3)
-    data = random_ids(17, vocab)
+    data = toy_ids(17, vocab)
     model.eval()
     nll, tokens = 0.0, 0
     with torch.no_grad():
@@ -67,7 +55,7 @@ def test_a_uniform_model_has_the_vocabulary_size_as_perplexity():
     vocab = 31
     model = at.make_model(vocab, vocab, N=1, d_model=16, d_ff=32, h=2)
     torch.nn.init.zeros_(model.generator.projection.weight)
-    assert at.validation_perplexity(model, random_ids(9, vocab)) == pytest.approx(vocab)
+    assert at.validation_perplexity(model, toy_ids(9, vocab)) == pytest.approx(vocab)
 
 
 def test_validation_perplexity_ignores_label_smoothing_and_padding():
@@ -75,7 +63,7 @@ def test_validation_perplexity_ignores_label_smoothing_and_padding():
     torch.manual_seed(1)
     vocab = 19
     model = at.make_model(vocab, vocab, N=1, d_model=16, d_ff=32, h=2, dropout=0.0).eval()
-    data = random_ids(8, vocab, seed=3)
+    data = toy_ids(8, vocab, seed=3)
     batch = at.Batch.from_ids(data)
     with torch.no_grad():
         loss = at.forward_loss(model, batch, 0.0)[1].item() / batch.ntokens
