@@ -6,6 +6,7 @@ Needs the built book (`jupyter-book build .`) and Debian's chromium; .ci/run pro
 and sets REQUIRE_BROWSER_TESTS=1 so that, in CI, their absence is a failure, not a skip."""
 
 import html.parser
+import json
 import os
 import pathlib
 import re
@@ -99,6 +100,59 @@ def test_page_renders_offline(page, tmp_path):
     shot = SCREENSHOTS / f"{page.relative_to(HTML).as_posix().replace('/', '_')[:-5]}.png"
     chromium(page, tmp_path / "profile-2", "--window-size=1300,1800", f"--screenshot={shot}")
     assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
+
+
+# Measures, once the page has loaded, what a reader would have to scroll sideways to see or
+# could not read: the content column's width, and every table, figure, code block and
+# displayed equation that is wider than it (figures: drawn wider than they are shown).
+PROBE = """<script>
+window.addEventListener("load", () => setTimeout(() => {
+  const article = document.querySelector("article.bd-article");
+  const style = getComputedStyle(article);
+  const width = article.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+  const found = [];
+  const name = (el) => (el.closest("[id]") || {}).id || "";
+  for (const el of article.querySelectorAll("table, mjx-container[display=true]")) {
+    const w = el.getBoundingClientRect().width;
+    if (w > width + 1) found.push(`${el.tagName.toLowerCase()} ${Math.round(w)} px in #${name(el)}`);
+  }
+  for (const el of article.querySelectorAll("pre")) {
+    if (el.scrollWidth > el.clientWidth + 1)
+      found.push(`code ${el.scrollWidth} px: ${el.textContent.split("\\n").sort((a, b) => b.length - a.length)[0].slice(0, 60)}`);
+  }
+  for (const el of article.querySelectorAll("img")) {
+    if (el.naturalWidth > 1.15 * el.clientWidth)
+      found.push(`figure ${el.naturalWidth} px shown at ${el.clientWidth}: ${el.getAttribute("src")}`);
+  }
+  const page = document.documentElement.scrollWidth - window.innerWidth;
+  const probe = document.createElement("pre");
+  probe.id = "layout-probe";
+  probe.textContent = JSON.stringify({width: Math.round(width), found, page});
+  document.body.appendChild(probe);
+}, 500));
+</script>"""
+
+
+def layout(page, profile, width):
+    """The probe's findings for `page` in a window `width` px wide."""
+    probed = page.with_name(f"probe-{page.name}")  # beside the page, so its links resolve
+    probed.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
+    try:
+        dom = chromium(probed, profile, f"--window-size={width},1000", "--dump-dom")
+    finally:
+        probed.unlink()
+    found = re.search(r'<pre id="layout-probe">(.*?)</pre>', dom, re.S)
+    assert found, "the layout probe did not run"
+    return json.loads(html.unescape(found.group(1)))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(HTML)))
+def test_tables_figures_and_code_fit_the_column(page, tmp_path):
+    laptop = layout(page, tmp_path / "laptop", 1280)
+    assert laptop["width"] >= 700, f"the content column is only {laptop['width']} px wide"
+    assert not laptop["found"], "wider than the column at 1280 px:\n" + "\n".join(laptop["found"])
+    phone = layout(page, tmp_path / "phone", 412)
+    assert phone["page"] <= 0, f"the page scrolls sideways by {phone['page']} px on a phone"
 
 
 def test_every_chapter_has_a_page():
