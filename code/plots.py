@@ -1,6 +1,8 @@
 """Figures for the chapters. Each helper takes tensors (or arrays), draws one figure and
 returns it; the model module never imports matplotlib."""
 
+import itertools
+
 import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
@@ -372,10 +374,11 @@ def ppl_vs_params(labels, paper_params, paper_ppl, our_params, our_ppl, title=No
 # ---- attention maps of a trained model (the paper's Figures 3-5)
 
 
-def attention_grid(weights, query_tokens, key_tokens, title, vmax=1.0, cell=0.22):
-    """Weights (N, h, seq_q, seq_k) of every layer and head: one heatmap each, a row of
-    heads per layer, tokens as labels. The colour scale is shared (0 to vmax) so that heads
-    can be compared; cell is the size of one token square in inches."""
+def attention_grid(weights, query_tokens, key_tokens, title, vmax=1.0, cell=0.16, width=7.0):
+    """Weights (N, h, seq_q, seq_k) of every layer and head: one heatmap each, tokens as
+    labels, as many side by side as fit in `width` inches (the book's column), layer by
+    layer. The colour scale is shared (0 to vmax) so that heads can be compared; cell is the
+    size of one token square in inches."""
     weights = _as_array(weights)
     n_layers, h, seq_q, seq_k = weights.shape
     if (len(query_tokens), len(key_tokens)) != (seq_q, seq_k):
@@ -383,25 +386,32 @@ def attention_grid(weights, query_tokens, key_tokens, title, vmax=1.0, cell=0.22
             f"{len(query_tokens)} query and {len(key_tokens)} key tokens for weights of shape "
             f"{tuple(weights.shape)}: pass one token per row and per column"
         )
-    width, height = max(2.2, cell * seq_k + 1.0), max(2.0, cell * seq_q + 0.9)
-    fig, axes = plt.subplots(n_layers, h, figsize=(width * h, height * n_layers), squeeze=False)
-    for layer in range(n_layers):
-        for head in range(h):
-            ax = axes[layer, head]
-            sns.heatmap(
-                weights[layer, head],
-                ax=ax,
-                cmap="viridis",
-                vmin=0,
-                vmax=vmax,
-                cbar=False,
-                square=True,
-                xticklabels=key_tokens,
-                yticklabels=query_tokens if head == 0 else False,
-            )
-            ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
-            ax.tick_params(labelsize=7, length=0)
-    fig.suptitle(title)
+    panel_width, panel_height = max(1.6, cell * seq_k + 0.9), max(1.6, cell * seq_q + 0.9)
+    ncols = max(1, min(h, int(width // panel_width)))
+    nrows = n_layers * -(-h // ncols)
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(panel_width * ncols, panel_height * nrows), squeeze=False
+    )
+    for ax in axes.flat:
+        ax.axis("off")  # panels left empty in a layer's last row stay blank
+    rows_per_layer = nrows // n_layers
+    for layer, head in itertools.product(range(n_layers), range(h)):
+        ax = axes[layer * rows_per_layer + head // ncols, head % ncols]
+        ax.axis("on")
+        sns.heatmap(
+            weights[layer, head],
+            ax=ax,
+            cmap="viridis",
+            vmin=0,
+            vmax=vmax,
+            cbar=False,
+            square=True,
+            xticklabels=key_tokens,
+            yticklabels=query_tokens if head % ncols == 0 else False,
+        )
+        ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=8)
+        ax.tick_params(labelsize=7, length=0)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig
 

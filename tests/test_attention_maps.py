@@ -209,6 +209,12 @@ def test_attention_grid_draws_every_layer_and_head():
     assert titles == [f"layer {n}, head {h}" for n in (1, 2) for h in (1, 2, 3)]
     with pytest.raises(ValueError, match="3 query and 5 key tokens"):
         plots.attention_grid(weights, list("abc"), list("vwxyz"), "grid")
+    # a long sentence: the heads wrap into rows, so the figure keeps to the page's 7 inches
+    tokens = [f"t{i}" for i in range(14)]
+    fig = plots.attention_grid(torch.rand(2, 4, 14, 14).softmax(-1), tokens, tokens, "wrapped")
+    assert fig.get_size_inches()[0] <= 7.0
+    titles = [ax.get_title() for ax in fig.axes if ax.axison]
+    assert titles == [f"layer {n}, head {h}" for n in (1, 2) for h in (1, 2, 3, 4)]
 
 
 def test_attention_lines_draw_one_line_per_weight_above_threshold():
