@@ -55,7 +55,9 @@ CONFIGS = {
     "base": BenchConfig("base", at.BASE),
     "small": BenchConfig("small", at.SMALL),
     # every code path in seconds: for --quick and the tests, not for conclusions
-    "tiny": BenchConfig("tiny", replace(at.PROFILES["tiny"].model, share_embeddings=False), 64, 4, 6),
+    "tiny": BenchConfig(
+        "tiny", replace(at.PROFILES["tiny"].model, share_embeddings=False), 64, 4, 6
+    ),
 }
 
 

@@ -109,20 +109,23 @@ PROBE = """<script>
 window.addEventListener("load", () => setTimeout(() => {
   const article = document.querySelector("article.bd-article");
   const style = getComputedStyle(article);
-  const width = article.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+  const padding = parseFloat(style.paddingLeft) + parseFloat(style.paddingRight);
+  const width = article.clientWidth - padding;
   const found = [];
   const name = (el) => (el.closest("[id]") || {}).id || "";
   for (const el of article.querySelectorAll("table, mjx-container[display=true]")) {
     const w = el.getBoundingClientRect().width;
-    if (w > width + 1) found.push(`${el.tagName.toLowerCase()} ${Math.round(w)} px in #${name(el)}`);
+    const tag = el.tagName.toLowerCase();
+    if (w > width + 1) found.push(`${tag} ${Math.round(w)} px in #${name(el)}`);
   }
   for (const el of article.querySelectorAll("pre")) {
+    const longest = el.textContent.split("\\n").sort((a, b) => b.length - a.length)[0];
     if (el.scrollWidth > el.clientWidth + 1)
-      found.push(`code ${el.scrollWidth} px: ${el.textContent.split("\\n").sort((a, b) => b.length - a.length)[0].slice(0, 60)}`);
+      found.push(`code ${el.scrollWidth} px: ${longest.slice(0, 60)}`);
   }
   for (const el of article.querySelectorAll("img")) {
     if (el.naturalWidth > 1.15 * el.clientWidth)
-      found.push(`figure ${el.naturalWidth} px shown at ${el.clientWidth}: ${el.getAttribute("src")}`);
+      found.push(`figure ${el.naturalWidth} px at ${el.clientWidth}: ${el.getAttribute("src")}`);
   }
   const page = document.documentElement.scrollWidth - window.innerWidth;
   const probe = document.createElement("pre");

@@ -340,5 +340,8 @@ def test_each_module_is_initialised_by_its_own_rule_and_no_two_layers_start_equa
     assert not torch.equal(first, second)
     shared = at.make_model(vocab, vocab, N=1, d_model=d_model, d_ff=256, h=4, share_embeddings=True)
     weight = shared.src_embed[0].embedding.weight
-    assert shared.generator.projection.weight is weight and shared.tgt_embed[0].embedding.weight is weight
+    assert (
+        shared.generator.projection.weight is weight
+        and shared.tgt_embed[0].embedding.weight is weight
+    )
     assert abs(weight.std().item() * d_model**0.5 - 1) < 0.02
