@@ -5,11 +5,12 @@ average of the last checkpoints, sacreBLEU on Multi30k val and test2016.
     python code/evaluate.py --run runs/base --out results/base --device cuda
 
 Reads RUN/checkpoint-<step>.pt (the snapshots code/train.py keeps), RUN/checkpoint.pt and
-RUN/train.log, and never writes there; writes, in OUT (a folder of its own), averaged.pt,
-evaluation.json (the table, sacreBLEU's
-signature, sample translations, steps, training time, hardware) and metrics.json (the
-training loss, averaged over every 10 steps). Only val should guide choices; test2016 is
-reported.
+RUN/train.log, and never writes there; writes, in OUT (a folder of its own), averaged.pt
+(the averaged weights, stored in float16 unless --dtype float32: half the size, and the
+scores are those of the stored file, which load_checkpoint reads back into float32),
+evaluation.json (the table, sacreBLEU's signature, sample translations, steps, training
+time, hardware) and metrics.json (the training loss, averaged over every 10 steps, and the
+validations made during training). Only val should guide choices; test2016 is reported.
 """
 
 import argparse
@@ -17,6 +18,8 @@ import json
 import pathlib
 import re
 import sys
+
+import torch
 
 import annotated_transformer as at
 import cli
@@ -39,6 +42,12 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--limit", type=cli.positive_int, help="score only the first LIMIT sentences of a set"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("float16", "float32"),
+        default="float16",
+        help="how averaged.pt stores its weights (default: %(default)s)",
     )
     parser.add_argument(
         "--hardware", help="how to describe the training machine (default: this one)"
@@ -92,6 +101,11 @@ def main(argv=None):
 def evaluate(args, snapshots):
     averaged_path = args.out / "averaged.pt"
     averaged = at.average_checkpoints(snapshots[-args.average :])
+    dtype = getattr(torch, args.dtype)
+    averaged["model"] = {
+        name: tensor.to(dtype) if tensor.is_floating_point() else tensor
+        for name, tensor in averaged["model"].items()
+    }
     at.save_checkpoint(averaged_path, averaged)
     average = f"average of last {len(averaged['averaged_steps'])}"
     sets = {split: at.load_multi30k(split)[: args.limit] for split in ("val", "test2016")}

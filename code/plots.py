@@ -371,6 +371,51 @@ def ppl_vs_params(labels, paper_params, paper_ppl, our_params, our_ppl, title=No
     return fig
 
 
+def recipe_search(trials, start="start"):
+    """The recipe search: one horizontal bar per trial (a DataFrame with columns trial,
+    rung, budget_min, val_bleu), its val BLEU after the first rung's budget, the trials of
+    later rungs marked on the same row; a vertical line at the starting recipe's score."""
+    first = trials[trials.rung == trials.rung.min()].sort_values("val_bleu")
+    y = {trial: i for i, trial in enumerate(first.trial)}
+    fig, ax = plt.subplots(figsize=(7, 0.3 * len(y) + 1.3))
+    budget = first.budget_min.iloc[0]
+    ax.barh(list(y.values()), first.val_bleu, color="#4c72b0", label=f"{budget:.0f} CPU-minutes")
+    markers = itertools.cycle("oDs^")
+    for (rung, minutes), later in trials[trials.rung > trials.rung.min()].groupby(
+        ["rung", "budget_min"]
+    ):
+        ax.scatter(
+            later.val_bleu,
+            [y[t] for t in later.trial],
+            marker=next(markers),
+            color="#dd8452",
+            zorder=3,
+            label=f"{minutes:.0f} CPU-minutes (rung {rung})",
+        )
+    ax.axvline(float(first.val_bleu[first.trial == start].iloc[0]), color="black", lw=0.8)
+    ax.set_yticks(list(y.values()), list(y), fontsize=8)
+    ax.grid(axis="y", visible=False)
+    ax.set(title="Recipe search on Multi30k val", xlabel="greedy val BLEU (500 sentences)")
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+def time_to_bleu(runs, title="Validation BLEU during training"):
+    """Val BLEU against training hours (left) and target tokens seen (right) for several
+    runs: runs = {label: list of validation records with seconds, tokens_seen, val_bleu}."""
+    fig, axes = plt.subplots(1, 2, figsize=(7, 3.2), sharey=True)
+    for label, records in runs.items():
+        bleu = [r["val_bleu"] for r in records]
+        axes[0].plot([r["seconds"] / 3600 for r in records], bleu, ".-", label=label)
+        axes[1].plot([r["tokens_seen"] / 1e6 for r in records], bleu, ".-", label=label)
+    axes[0].set(xlabel="training hours", ylabel="greedy val BLEU")
+    axes[1].set(xlabel="target tokens seen (millions)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 # ---- attention maps of a trained model (the paper's Figures 3-5)
 
 

@@ -97,7 +97,7 @@ SCALES = {
         note="CPU scale, one core: a few minutes per run; the GPU run is outstanding",
     ),
     "gpu": Scale(
-        base=replace(at.PROFILES["base"], max_steps=5000, warmup_steps=1000, keep_checkpoints=1),
+        base=replace(at.PROFILES["base"], keep_checkpoints=1),
         rows={row.label: row.changes for row in at.TABLE3_ROWS},
         beam_size=4,
         bleu_sentences=None,

@@ -488,6 +488,14 @@ def test_evaluate_command_line_writes_the_table(tiny_run, tmp_path, monkeypatch)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["history"][0]["step"] == 6  # one window of 10 steps, ending at step 6
     assert (tmp_path / "averaged.pt").exists() and not (folder / "averaged.pt").exists()
+    # the averaged weights are stored in float16, and load back into a float32 model
+    stored = at.read_checkpoint(tmp_path / "averaged.pt")["model"]
+    assert {t.dtype for t in stored.values() if t.is_floating_point()} == {torch.float16}
+    expected = at.average_checkpoints(at.snapshot_paths(folder)[-2:])["model"]
+    model, _ = at.load_checkpoint(tmp_path / "averaged.pt")
+    for name, tensor in model.state_dict().items():
+        assert tensor.dtype == torch.float32
+        assert torch.equal(tensor, expected[name].half().float())
 
 
 def test_training_time_is_read_from_the_log_across_resumes(tmp_path):

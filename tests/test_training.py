@@ -163,6 +163,22 @@ def test_run_writes_checkpoint_tokenizer_and_metrics(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
+@pytest.mark.parametrize("profile", sorted(at.PROFILES))
+def test_every_profile_takes_two_steps_and_its_peak_learning_rate_is_moderate(profile, tmp_path):
+    # the GPU-sized profiles too (base has only ever run here like this): two steps on toy
+    # data, a finite loss and a learning rate that rises during warm-up
+    config = dataclasses.replace(
+        at.PROFILES[profile], max_steps=2, checkpoint_every=2, eval_every=2
+    )
+    at.train(config, toy_pairs(), tmp_path, log=quiet)
+    history = json.loads((tmp_path / "metrics.json").read_text())["history"]
+    assert [h["step"] for h in history] == [1, 2] and all(math.isfinite(h["loss"]) for h in history)
+    assert history[0]["lr"] < history[1]["lr"]
+    peak = at.rate(config.warmup_steps, config.model.d_model, config.lr_factor, config.warmup_steps)
+    if profile in ("multi30k", "base"):  # the search's evidence: about 1e-3, for post-LN
+        assert 0.9e-3 < peak < 1.1e-3, peak
+
+
 def test_only_the_last_keep_checkpoints_snapshots_are_kept(tmp_path):
     config = dataclasses.replace(TINY, max_steps=12, checkpoint_every=2, keep_checkpoints=3)
     at.train(config, toy_pairs(), tmp_path, log=quiet)
