@@ -94,7 +94,7 @@ SCALES = {
         rows=CPU_ROWS,
         beam_size=1,
         bleu_sentences=None,
-        note="CPU scale, one core: a few minutes per run; the GPU run is outstanding",
+        note="CPU scale, one core: a few minutes per run",
     ),
     "gpu": Scale(
         base=replace(at.PROFILES["base"], keep_checkpoints=1),

@@ -371,7 +371,8 @@ def test_flags_override_the_profile_through_apply_changes_and_round_trip():
     )
     config = train.config_from_args(args)
     assert config.model.d_model == 128 and config.model.pre_norm and config.model.h == 8
-    assert config.lr_factor == 0.5 and config.model.N == at.PROFILES["quick"].model.N
+    assert args.profile == "multi30k"  # the chosen recipe is the default
+    assert config.lr_factor == 0.5 and config.model.N == at.PROFILES["multi30k"].model.N
     command = train.command_for(config).split()[2:]
     assert train.config_from_args(train.parse_args(["--out", "x", *command])) == config
 
