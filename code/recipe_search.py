@@ -191,7 +191,7 @@ def main(argv=None):
                     {
                         "trial": trial,
                         "rung": rung,
-                        "budget_min": minutes,
+                        "budget_min": f"{minutes:g}",  # 20, not 20.0
                         "step": last["step"],
                         "cpu_seconds": round(cpu, 1),
                         "wall_seconds": round(time.perf_counter() - wall, 1),
