@@ -17,14 +17,23 @@ import annotated_transformer as at
 USER_ERRORS = (ValueError, TypeError, OSError, at.DatasetError)
 
 
-def positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
+def integer_at_least(minimum, what):
+    """An argparse type for integers >= minimum; `what` names them."""
+
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be a {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+positive_int = integer_at_least(1, "positive integer")
+non_negative_int = integer_at_least(0, "integer >= 0")
 
 
 def finite_number(inclusive, what):

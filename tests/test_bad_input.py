@@ -66,7 +66,7 @@ def test_train_refuses_a_nan_learning_rate_factor_with_exit_2(tmp_path, capsys, 
         ("--max-tokens", "0", "max_tokens must be a positive integer"),
         ("--dropout", "1.5", "dropout must be a probability"),
         ("--smoothing", "-0.1", "smoothing must be in [0, 1)"),
-        ("--d-model", "255", "d_model=255 is not divisible by h=4"),
+        ("--d-model", "255", "d_model=255 is not divisible by h=8"),
         ("--positions", "rotary", "positions must be 'sinusoidal'"),
     ],
 )
@@ -110,10 +110,14 @@ def test_variations_train_pairs_zero_is_refused_not_read_as_all(capsys):
     exits_2(variations.parse_args, ["--out", "o", "--train-pairs", "0"], capsys, "positive")
 
 
+def test_variations_refuses_a_negative_seed(capsys):
+    exits_2(variations.parse_args, ["--out", "o", "--seeds", "0", "-1"], capsys, "integer >= 0")
+
+
 def test_variations_does_not_reuse_a_subset_run_for_a_bigger_one(tmp_path, monkeypatch):
     monkeypatch.setattr(at, "load_multi30k", lambda split, data_dir=None: toy_pairs(40))
     flags = ["--out", str(tmp_path), "--scale", "tiny", "--max-steps", "2", "--rows", "base"]
-    flags += ["--vocab-size", "60", "--base-seeds", "1", "--device", "cpu"]
+    flags += ["--vocab-size", "60", "--seeds", "0", "--device", "cpu"]
     assert variations.main([*flags, "--train-pairs", "20"]) == 0
     assert variations.main([*flags, "--train-pairs", "30"]) == 0
     assert variations.main([*flags, "--train-pairs", "30"]) == 0  # this one is done

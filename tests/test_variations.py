@@ -146,12 +146,11 @@ def test_an_unknown_field_is_refused():
 # ---- the rows at CPU scale -------------------------------------------------------------
 
 
-# every row but big (a GPU model) and (C) N=4 (shallower than the paper's base, but our base
-# has N=2 and the one shallower depth is (C) N=2's)
-CPU_LABELS = [r.label for r in at.TABLE3_ROWS if r.label not in ("big", "(C) N=4")]
+# every row but big, a GPU model
+CPU_LABELS = [r.label for r in at.TABLE3_ROWS if r.label != "big"]
 
 
-def test_cpu_rows_cover_the_papers_rows_but_two():
+def test_cpu_rows_cover_the_papers_rows_but_big():
     assert list(variations.CPU_ROWS) == CPU_LABELS
 
 
@@ -195,7 +194,7 @@ def toy_data(monkeypatch):
 
 def test_command_line_writes_the_csv_and_skips_finished_runs(tmp_path, toy_data, capsys):
     flags = ["--out", str(tmp_path), "--scale", "tiny", "--max-steps", "2", "--device", "cpu"]
-    flags += ["--vocab-size", "60", "--base-seeds", "2", "--rows", "base", "E"]
+    flags += ["--vocab-size", "60", "--seeds", "0", "1", "--rows", "base", "E"]
     assert variations.main(flags) == 0
     with open(tmp_path / "variations.csv", newline="") as file:
         rows = list(csv.DictReader(file))
@@ -204,6 +203,7 @@ def test_command_line_writes_the_csv_and_skips_finished_runs(tmp_path, toy_data,
         ("base", "0"),
         ("base", "1"),
         ("(E) positions=learned", "0"),
+        ("(E) positions=learned", "1"),
     ]
     for r in rows:
         assert r["steps"] == "2" and r["scale"] == "tiny" and r["decoding"] == "greedy"
@@ -214,9 +214,9 @@ def test_command_line_writes_the_csv_and_skips_finished_runs(tmp_path, toy_data,
     assert (tmp_path / "variations.log").exists()
     capsys.readouterr()
     assert variations.main(flags) == 0  # again: nothing left to do
-    assert capsys.readouterr().out.count("skipped") == 3
+    assert capsys.readouterr().out.count("skipped") == 4
     with open(tmp_path / "variations.csv", newline="") as file:
-        assert len(list(csv.DictReader(file))) == 3
+        assert len(list(csv.DictReader(file))) == 4
 
 
 def test_command_line_refuses_an_unknown_row(tmp_path, toy_data, capsys):
@@ -227,10 +227,10 @@ def test_command_line_refuses_an_unknown_row(tmp_path, toy_data, capsys):
 def test_the_logged_train_py_command_rebuilds_the_variant():
     import train
 
-    config = at.apply_changes(variations.SCALES["cpu"].base, {"h": 1, "d_k": 128, "d_v": 128})
+    config = at.apply_changes(variations.SCALES["cpu"].base, {"h": 1, "d_k": 256, "d_v": 256})
     command = train.command_for(config)
     assert command.startswith("python code/train.py --profile quick")
-    for flag in ("--h 1", "--d-k 128", "--d-v 128", "--d-model 128", "--vocab-size 4000"):
+    for flag in ("--h 1", "--d-k 256", "--d-v 256", "--N 3", "--vocab-size 5000"):
         assert flag in command
     args = train.parse_args(["--out", "x", *command.split()[2:]])
     assert train.config_from_args(args) == config
