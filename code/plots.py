@@ -310,19 +310,35 @@ def attention_figure():
     return fig
 
 
-def table3_changes(labels, paper, ours, noise=None, title="Table 3: change from the base row"):
+def table3_changes(
+    labels, paper, ours, noise=None, ours_range=None, title="Table 3: change from the base row"
+):
     """Table 3 as changes from the base row: for each row (labels, top to bottom) a pair of
     horizontal bars, the paper's change and ours, in percent of the base row's value. noise,
     if given, shades +-noise percent around zero: how far our base row moves between seeds
-    alone, so bars inside the band are not distinguishable from the base."""
+    alone, so bars inside the band are not distinguishable from the base. ours_range, if
+    given, is a (lowest, highest) pair of arrays drawn as a whisker on each of our bars (the
+    extremes over seeds)."""
     labels, paper, ours = list(labels), _as_array(paper), _as_array(ours)
     y = torch.arange(len(labels)).numpy()
     lines = max(label.count("\n") + 1 for label in labels)
-    fig, ax = plt.subplots(figsize=(7.5, (0.2 + 0.2 * lines) * len(labels) + 1.4))
+    fig, ax = plt.subplots(figsize=(7, (0.2 + 0.2 * lines) * len(labels) + 1.4))
     if noise is not None:
-        ax.axvspan(-noise, noise, color="0.85", label=f"our seed spread (±{noise:.0f}%)")
+        ax.axvspan(-noise, noise, color="0.85", label=f"our base row's seed spread (±{noise:.1f}%)")
     ax.barh(y - 0.2, paper, height=0.4, color="#4c72b0", label="paper (WMT EN-DE, 100K steps)")
-    ax.barh(y + 0.2, ours, height=0.4, color="#dd8452", label="ours (Multi30k DE-EN, CPU)")
+    whiskers = None
+    if ours_range is not None:
+        low, high = (np.asarray(_as_array(v), dtype=np.float64) for v in ours_range)
+        whiskers = np.stack([ours - low, high - ours])
+    ax.barh(
+        y + 0.2,
+        ours,
+        height=0.4,
+        color="#dd8452",
+        xerr=whiskers,
+        error_kw={"elinewidth": 0.8, "capsize": 2},
+        label="ours (Multi30k DE-EN, 2000 steps)",
+    )
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_yticks(y, labels, fontsize=9)
     ax.grid(axis="y", visible=False)
@@ -350,7 +366,7 @@ def ppl_vs_params(labels, paper_params, paper_ppl, our_params, our_ppl, title=No
             label, (ours[0][i], ours[1][i]), fontsize=7, xytext=(4, 3), textcoords="offset points"
         )
     ax.scatter(*paper, color="#4c72b0", label="paper (WMT EN-DE, 100K steps)", zorder=3)
-    ax.scatter(*ours, color="#dd8452", marker="s", label="ours (Multi30k DE-EN, CPU)", zorder=3)
+    ax.scatter(*ours, color="#dd8452", marker="s", label="ours (Multi30k DE-EN, 2000 steps)", zorder=3)
     ax.set_xscale("log")
     ax.set_yscale("log")
     for axis, values, ticks in (
