@@ -366,7 +366,9 @@ def ppl_vs_params(labels, paper_params, paper_ppl, our_params, our_ppl, title=No
             label, (ours[0][i], ours[1][i]), fontsize=7, xytext=(4, 3), textcoords="offset points"
         )
     ax.scatter(*paper, color="#4c72b0", label="paper (WMT EN-DE, 100K steps)", zorder=3)
-    ax.scatter(*ours, color="#dd8452", marker="s", label="ours (Multi30k DE-EN, 2000 steps)", zorder=3)
+    ax.scatter(
+        *ours, color="#dd8452", marker="s", label="ours (Multi30k DE-EN, 2000 steps)", zorder=3
+    )
     ax.set_xscale("log")
     ax.set_yscale("log")
     for axis, values, ticks in (
