@@ -142,6 +142,7 @@ def evaluate(args, snapshots):
         "steps": state["step"],
         "averaged_steps": averaged["averaged_steps"],
         "train_hours": seconds and round(seconds / 3600, 2),
+        "train_seconds": seconds and round(seconds, 1),
         "hardware": args.hardware or at.hardware_description(args.device),
         "signature": signature,
         "sentences": {split: len(pairs) for split, pairs in sets.items()},
