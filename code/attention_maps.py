@@ -371,7 +371,9 @@ def read_model(checkpoint):
 def analyse(checkpoint, chosen, sample, beam_size=4, alpha=0.6):
     """One snapshot: the chosen sentences' records (their links resolved) and their links'
     weights, and the head statistics over the `sample` sentences with the uniform-attention
-    baseline. Returns a dict: checkpoint, step, config, records, links, statistics, uniform."""
+    baseline. Returns a dict: checkpoint, step, label (the step, or "average" for weights
+    averaged over snapshots, whose step is their last), config, records, links, statistics,
+    uniform."""
     model, tokenizer, payload = read_model(checkpoint)
     records = extract(model, tokenizer, [de for *_, de, _ in chosen], beam_size, alpha)
     for record, (split, i, why, links, _, en) in zip(records, chosen):
@@ -386,6 +388,7 @@ def analyse(checkpoint, chosen, sample, beam_size=4, alpha=0.6):
     return {
         "checkpoint": str(checkpoint),
         "step": payload.get("step"),
+        "label": "average" if payload.get("averaged_steps") else str(payload.get("step")),
         "config": payload["config"],
         "records": records,
         "links": link_weights(records),
@@ -448,7 +451,7 @@ def main(argv=None):
             raise FileNotFoundError(f"no checkpoint at {path}; train one with code/train.py")
     analyses = [analyse(checkpoint, chosen, sample, **options) for checkpoint in paths]
     drawn = analyses[-1]  # --checkpoint: the snapshot whose weights are stored
-    fields = ("checkpoint", "step", "links", "statistics")
+    fields = ("checkpoint", "step", "label", "links", "statistics")
     snapshots = [{field: analysis[field] for field in fields} for analysis in analyses]
     records = drawn["records"]
     data = to_json(

@@ -229,3 +229,27 @@ def test_attention_lines_draw_one_line_per_weight_above_threshold():
     ]
     one_head = plots.attention_lines(weights, list("abcd"), None, "head 2", heads=[1]).axes[0]
     assert sorted(tuple(l.get_xdata()) for l in one_head.lines) == [(1, 0), (2, 2)]
+
+
+def test_averaged_weights_are_labelled_apart_from_the_snapshot_of_their_last_step(tmp_path):
+    # chapter 7 draws the averaged weights beside the snapshots they average; the average
+    # carries its last snapshot's step, so the step alone cannot tell the two apart
+    tokenizer = at.train_bpe(PAIRS, vocab_size=120)
+    vocab = tokenizer.get_vocab_size()
+    config = at.ModelConfig(N=1, d_model=16, d_ff=32, h=2, share_embeddings=True)
+    torch.manual_seed(0)
+    model = at.build_model(vocab, vocab, config)
+    payload = {
+        "model": model.state_dict(),
+        "config": {"model": vars(config)},
+        "tokenizer": tokenizer.to_str(),
+        "step": 6,
+    }
+    at.save_checkpoint(tmp_path / "checkpoint-0000006.pt", payload)
+    at.save_checkpoint(tmp_path / "averaged.pt", {**payload, "averaged_steps": [3, 6]})
+    chosen = [("val", 0, "a toy sentence", [], PAIRS[0][0], PAIRS[0][1])]
+    labels = [
+        attention_maps.analyse(tmp_path / name, chosen, [PAIRS[1][0]], beam_size=1)["label"]
+        for name in ("checkpoint-0000006.pt", "averaged.pt")
+    ]
+    assert labels == ["6", "average"]
