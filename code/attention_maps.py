@@ -1,7 +1,7 @@
 """Attention weights of a trained model, for the paper's Figures 3-5 (chapter 7).
 
-    python code/attention_maps.py --checkpoint runs/cpu-long/checkpoint-0003000.pt \\
-        --out results/cpu-long/attention.json --also runs/cpu-long/checkpoint-0002[2468]00.pt
+    python code/attention_maps.py --checkpoint results/multi30k/averaged.pt \\
+        --out results/multi30k/attention.json --also runs/multi30k/checkpoint-00*.pt
 
 For each of a few Multi30k validation sentences (chosen for German word order: separable
 verbs, verb-final subordinate clauses, relative and possessive pronouns, compounds) the

@@ -1,7 +1,7 @@
 """Score a training run the way §6.1 does: greedy and beam search, the last weights and the
 average of the last checkpoints, sacreBLEU on Multi30k val and test2016.
 
-    python code/evaluate.py --run runs/cpu-long --out results/cpu-long
+    python code/evaluate.py --run runs/multi30k --out results/multi30k
     python code/evaluate.py --run runs/base --out results/base --device cuda
 
 Reads RUN/checkpoint-<step>.pt (the snapshots code/train.py keeps), RUN/checkpoint.pt and
@@ -52,6 +52,12 @@ def parse_args(argv=None):
     parser.add_argument(
         "--hardware", help="how to describe the training machine (default: this one)"
     )
+    parser.add_argument(
+        "--within-hours",
+        type=cli.positive_float,
+        help="score the run as it stood after this many hours of training: only the snapshots "
+        "written by then (a run that kept them all, --keep-checkpoints)",
+    )
     return parser.parse_args(argv)
 
 
@@ -93,12 +99,34 @@ def main(argv=None):
     snapshots = at.snapshot_paths(args.run)
     if not snapshots:
         raise FileNotFoundError(f"no checkpoint-<step>.pt in {args.run}: not a training run")
+    until = None  # with --within-hours: the validation figures of the last snapshot kept
+    if args.within_hours:
+        kept = snapshots_within(snapshots, args.within_hours * 3600)
+        snapshots, until = [path for path, _ in kept], kept[-1][1]
     cli.own_folder(args.out, args.run)
     with at.RunFolder(args.out, resume=True):
-        return evaluate(args, snapshots)
+        return evaluate(args, snapshots, until)
 
 
-def evaluate(args, snapshots):
+def snapshots_within(snapshots, seconds):
+    """The snapshots written within `seconds` of training, by the training time each records
+    with its validation figures: [(path, validation figures)], oldest first."""
+    kept = []
+    for path in snapshots:
+        validation = at.read_checkpoint(path).get("validation")
+        if not validation or "seconds" not in validation:
+            raise ValueError(
+                f"{path} records no training time (no validation figures): --within-hours "
+                f"needs a run trained with validation pairs"
+            )
+        if validation["seconds"] <= seconds:
+            kept.append((path, validation))
+    if not kept:
+        raise ValueError(f"no snapshot was written within {seconds / 3600:g} hours of training")
+    return kept
+
+
+def evaluate(args, snapshots, until=None):
     averaged_path = args.out / "averaged.pt"
     averaged = at.average_checkpoints(snapshots[-args.average :])
     dtype = getattr(torch, args.dtype)
@@ -136,6 +164,14 @@ def evaluate(args, snapshots):
     state = at.read_checkpoint(args.run / "checkpoint.pt")
     # checkpoints since format 2 keep the training time across resumes; older runs: the log
     seconds = state.get("seconds") or training_seconds(args.run / "train.log")
+    if until is not None:  # the run as it stood at its last snapshot within the hours
+        seconds = until["seconds"]
+        state = {
+            **state,
+            "step": until["step"],
+            "history": [h for h in state["history"] if h["step"] <= until["step"]],
+            "validations": [v for v in state.get("validations", []) if v["step"] <= until["step"]],
+        }
     evaluation = {
         "run": str(args.run),
         "config": state["config"],
