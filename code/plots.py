@@ -392,8 +392,10 @@ def ppl_vs_params(labels, paper_params, paper_ppl, our_params, our_ppl, title=No
 def recipe_search(trials, start="start"):
     """The recipe search: one horizontal bar per trial (a DataFrame with columns trial,
     rung, budget_min, val_bleu), its val BLEU after the first rung's budget, the trials of
-    later rungs marked on the same row; a vertical line at the starting recipe's score."""
-    first = trials[trials.rung == trials.rung.min()].sort_values("val_bleu")
+    later rungs marked on the same row; a vertical line at the starting recipe's score. A
+    trial evaluated twice at one rung is drawn with its later evaluation."""
+    first = trials[trials.rung == trials.rung.min()].drop_duplicates("trial", keep="last")
+    first = first.sort_values("val_bleu")
     y = {trial: i for i, trial in enumerate(first.trial)}
     fig, ax = plt.subplots(figsize=(7, 0.3 * len(y) + 1.3))
     budget = first.budget_min.iloc[0]
