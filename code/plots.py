@@ -2,6 +2,7 @@
 returns it; the model module never imports matplotlib."""
 
 import itertools
+import textwrap
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -451,6 +452,8 @@ def attention_grid(weights, query_tokens, key_tokens, title, vmax=1.0, cell=0.16
             f"{len(query_tokens)} query and {len(key_tokens)} key tokens for weights of shape "
             f"{tuple(weights.shape)}: pass one token per row and per column"
         )
+    if h > 1:  # at least two panels side by side: a single column of heads runs for pages
+        cell = min(cell, (width / 2 - 0.9) / seq_k)
     panel_width, panel_height = max(1.6, cell * seq_k + 0.9), max(1.6, cell * seq_q + 0.9)
     ncols = max(1, min(h, int(width // panel_width)))
     nrows = n_layers * -(-h // ncols)
@@ -476,7 +479,7 @@ def attention_grid(weights, query_tokens, key_tokens, title, vmax=1.0, cell=0.16
         )
         ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=8)
         ax.tick_params(labelsize=7, length=0)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(textwrap.fill(title, 90), fontsize=9)  # a long title would widen the figure
     fig.tight_layout()
     return fig
 
@@ -494,7 +497,8 @@ def attention_lines(weights, tokens, query, title, heads=None, threshold=0.05):
     heads = list(range(h)) if heads is None else list(heads)
     queries = range(seq) if query is None else [query]
     colours = sns.color_palette("tab10", h)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * seq), 3.2))
+    # at most 7 inches, the book's column: long sentences get narrower token spacing
+    fig, ax = plt.subplots(figsize=(min(7.0, max(6.0, 0.55 * seq)), 3.2))
     for head in heads:
         for q in queries:
             for k in range(seq):
