@@ -440,11 +440,14 @@ def time_to_bleu(runs, title="Validation BLEU during training"):
 # ---- attention maps of a trained model (the paper's Figures 3-5)
 
 
-def attention_grid(weights, query_tokens, key_tokens, title, vmax=1.0, cell=0.16, width=7.0):
+def attention_grid(
+    weights, query_tokens, key_tokens, title, vmax=1.0, cell=0.16, width=7.0, first_layer=1
+):
     """Weights (N, h, seq_q, seq_k) of every layer and head: one heatmap each, tokens as
     labels, as many side by side as fit in `width` inches (the book's column), layer by
     layer. The colour scale is shared (0 to vmax) so that heads can be compared; cell is the
-    size of one token square in inches."""
+    size of one token square in inches. first_layer numbers the first of the given layers
+    (for a slice of a deeper model's layers)."""
     weights = _as_array(weights)
     n_layers, h, seq_q, seq_k = weights.shape
     if (len(query_tokens), len(key_tokens)) != (seq_q, seq_k):
@@ -477,7 +480,7 @@ def attention_grid(weights, query_tokens, key_tokens, title, vmax=1.0, cell=0.16
             xticklabels=key_tokens,
             yticklabels=query_tokens if head % ncols == 0 else False,
         )
-        ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=8)
+        ax.set_title(f"layer {first_layer + layer}, head {head + 1}", fontsize=8)
         ax.tick_params(labelsize=7, length=0)
     fig.suptitle(textwrap.fill(title, 90), fontsize=9)  # a long title would widen the figure
     fig.tight_layout()

@@ -215,6 +215,14 @@ def test_attention_grid_draws_every_layer_and_head():
     assert fig.get_size_inches()[0] <= 7.0
     titles = [ax.get_title() for ax in fig.axes if ax.axison]
     assert titles == [f"layer {n}, head {h}" for n in (1, 2) for h in (1, 2, 3, 4)]
+    # the last layer of a 3-layer model, drawn alone, keeps its number; and even a sentence
+    # too long for two panels of the default size gets two panels a row, not a single column
+    tokens = [f"t{i}" for i in range(30)]
+    last = torch.rand(1, 4, 30, 30).softmax(-1)
+    fig = plots.attention_grid(last, tokens, tokens, "last layer", first_layer=3)
+    titles = [ax.get_title() for ax in fig.axes if ax.axison]
+    assert titles == [f"layer 3, head {h}" for h in (1, 2, 3, 4)]
+    assert len(fig.axes) == 4 and fig.axes[1].get_position().x0 > fig.axes[0].get_position().x1
 
 
 def test_attention_lines_draw_one_line_per_weight_above_threshold():
