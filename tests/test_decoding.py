@@ -2,6 +2,7 @@
 averaging, translate, and scoring."""
 
 import csv
+import dataclasses
 import itertools
 import json
 import math
@@ -341,14 +342,32 @@ def test_beam_search_reads_the_device_once_per_step(copy_model, monkeypatch):
 
 def test_decoding_labels_are_those_of_the_stored_results():
     results = pathlib.Path(__file__).resolve().parents[1] / "results"
-    evaluation = json.loads((results / "cpu-long" / "evaluation.json").read_text())
-    attention = json.loads((results / "cpu-long" / "attention.json").read_text())
+    evaluation = json.loads((results / "multi30k" / "evaluation.json").read_text())
+    attention = json.loads((results / "multi30k" / "attention.json").read_text())
     with open(results / "table3" / "variations.csv", newline="") as file:
         variations = {row["decoding"] for row in csv.DictReader(file)}
     stored = {row["decoding"] for row in evaluation["results"]} | {attention["decoding"]}
     assert stored | variations == {at.decoding_label(1), at.decoding_label(4, 0.6)}
     assert at.decoding_label(4) == "beam 4, alpha 0.6" and at.decoding_label(1, 0.0) == "greedy"
     assert at.decoding_label(2, 1.0) == "beam 2, alpha 1.0"
+
+
+def test_the_shipped_translator_loads_and_reproduces_its_stored_translations():
+    # the weights chapters 6.1 and 7 run on: averaged, float16, with their tokenizer, small
+    # enough for the repository; in float32 after loading, they translate the stored samples
+    # exactly as evaluate.py did (beam 4, alpha 0.6)
+    results = pathlib.Path(__file__).resolve().parents[1] / "results" / "multi30k"
+    path = results / "averaged.pt"
+    assert path.stat().st_size <= 30 * 2**20
+    payload = at.read_checkpoint(path)
+    assert {t.dtype for t in payload["model"].values() if t.is_floating_point()} == {torch.float16}
+    evaluation = json.loads((results / "evaluation.json").read_text())
+    assert payload["averaged_steps"] == evaluation["averaged_steps"]
+    model, tokenizer = at.load_checkpoint(path)
+    assert next(model.parameters()).dtype == torch.float32
+    samples = evaluation["samples"][:3]
+    translations = at.translate(model, tokenizer, [s["source"] for s in samples])
+    assert translations == [s["hypothesis"] for s in samples]
 
 
 # ---- checkpoints ---------------------------------------------------------------------------
@@ -496,6 +515,42 @@ def test_evaluate_command_line_writes_the_table(tiny_run, tmp_path, monkeypatch)
     for name, tensor in model.state_dict().items():
         assert tensor.dtype == torch.float32
         assert torch.equal(tensor, expected[name].half().float())
+
+
+def test_evaluate_within_hours_scores_the_run_as_it_stood_then(tmp_path, monkeypatch):
+    import evaluate
+
+    # a run that validates at every snapshot, so each records its training time
+    config = dataclasses.replace(TINY, eval_every=3, bleu_sentences=2)
+    folder = tmp_path / "run"
+    at.train(config, toy_pairs(), folder, val_pairs=toy_pairs(4, seed=3), log=quiet)
+    # the tiny run takes well under a second: give its snapshots the training times of a
+    # long one, half an hour and two hours, so that one hour falls between them
+    for path, seconds in zip(at.snapshot_paths(folder), (1800.0, 7200.0)):
+        payload = at.read_checkpoint(path)
+        payload["validation"]["seconds"] = seconds
+        at.save_checkpoint(path, payload)
+    monkeypatch.setattr(at, "load_multi30k", lambda split, data_dir=None: toy_pairs(4, seed=2))
+    capped = lambda src_mask, max_len=None: torch.full((src_mask.size(0),), 5)  # noqa: E731
+    monkeypatch.setattr(at, "output_limits", capped)
+    hours = "1"
+    out = tmp_path / "early"
+    assert evaluate.main(["--run", str(folder), "--out", str(out), "--within-hours", hours]) == 0
+    evaluation = json.loads((out / "evaluation.json").read_text())
+    assert evaluation["steps"] == 3 and evaluation["averaged_steps"] == [3]
+    assert evaluation["train_seconds"] == 1800.0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [v["step"] for v in metrics["validation"]] == [3]
+    assert max(h["step"] for h in metrics["history"]) <= 3
+
+
+def test_evaluate_within_hours_refuses_snapshots_without_training_time(tiny_run, tmp_path, capsys):
+    import evaluate
+
+    folder, _, _ = tiny_run  # trained without validation pairs
+    flags = ["--run", str(folder), "--out", str(tmp_path / "o"), "--within-hours", "1"]
+    assert evaluate.main(flags) == 2
+    assert "records no training time" in capsys.readouterr().err
 
 
 def test_training_time_is_read_from_the_log_across_resumes(tmp_path):
