@@ -165,8 +165,8 @@ def test_run_writes_checkpoint_tokenizer_and_metrics(tmp_path):
 
 @pytest.mark.parametrize("profile", sorted(at.PROFILES))
 def test_every_profile_takes_two_steps_and_its_peak_learning_rate_is_moderate(profile, tmp_path):
-    # the GPU-sized profiles too (base has only ever run here like this): two steps on toy
-    # data, a finite loss and a learning rate that rises during warm-up
+    # the GPU-sized profiles too (base runs here only like this): two steps on toy data, a
+    # finite loss and a learning rate that rises during warm-up
     config = dataclasses.replace(
         at.PROFILES[profile], max_steps=2, checkpoint_every=2, eval_every=2
     )
@@ -175,8 +175,10 @@ def test_every_profile_takes_two_steps_and_its_peak_learning_rate_is_moderate(pr
     assert [h["step"] for h in history] == [1, 2] and all(math.isfinite(h["loss"]) for h in history)
     assert history[0]["lr"] < history[1]["lr"]
     peak = at.rate(config.warmup_steps, config.model.d_model, config.lr_factor, config.warmup_steps)
-    if profile in ("multi30k", "base"):  # the search's evidence: about 1e-3, for post-LN
+    if profile == "multi30k":  # the search's evidence: about 1e-3 for 3 post-LN layers
         assert 0.9e-3 < peak < 1.1e-3, peak
+    if profile == "base":  # 6 post-LN layers: no learning at 1e-3 (results/base-gpu), 5e-4 does
+        assert 0.4e-3 < peak < 0.6e-3, peak
 
 
 def test_only_the_last_keep_checkpoints_snapshots_are_kept(tmp_path):
