@@ -119,8 +119,9 @@ def snapshots_within(snapshots, seconds):
                 f"{path} records no training time (no validation figures): --within-hours "
                 f"needs a run trained with validation pairs"
             )
-        if validation["seconds"] <= seconds:
-            kept.append((path, validation))
+        if validation["seconds"] > seconds:
+            break  # training time only grows with the step: no later snapshot is within
+        kept.append((path, validation))
     if not kept:
         raise ValueError(f"no snapshot was written within {seconds / 3600:g} hours of training")
     return kept
