@@ -220,27 +220,46 @@ class MultiHeadedAttention(nn.Module):
         if cache is None or cache.growing or cache.keys is None:
             key = self.split_heads(self.w_k(key), self.d_k)
             value = self.split_heads(self.w_v(value), self.d_v)
-        if cache is not None:
-            key, value = cache.update(key, value)
-        return self.attend(query, key, value, mask)
+        if cache is None:
+            return self.attend(query, key, value, mask, self.fused)
+        key, value = cache.update(key, value)
+        # A decoding step has one query per row (a few, grouped). For so few, PyTorch's fused
+        # CPU kernel takes longer than the reference's two products (performance appendix).
+        return self.attend(query, key, value, mask, fused=False)
 
     def split_heads(self, x, d):
         """(batch, seq, h * d) -> (batch, h, seq, d): the h projections side by side."""
         return x.view(x.size(0), -1, self.h, d).transpose(1, 2)
 
-    def attend(self, query, key, value, mask=None):
+    def attend(self, query, key, value, mask=None, fused=True):
         """Eq. (1) on every head, then Concat and W^O. query (batch, h, seq_q, d_k), key
-        (batch, h, seq_k, d_k), value (batch, h, seq_k, d_v) -> (batch, seq_q, d_model)."""
-        batch = query.size(0)
+        (rows, h, seq_k, d_k), value (rows, h, seq_k, d_v), mask (rows, 1 or seq_q, seq_k)
+        -> (batch, seq_q, d_model). Usually batch == rows; batch may also be a multiple of
+        rows, queries b * group ... (b + 1) * group - 1 sharing key row b: beam search's
+        hypotheses of one sentence all read that sentence's one memory."""
+        batch, rows = query.size(0), key.size(0)
         if mask is not None and mask.dtype != torch.bool:
             # a float 0/1 mask would be added to the scores by the fused path: refuse it
             raise TypeError(
                 f"mask must be a bool tensor, True where attending is allowed, got "
                 f"{mask.dtype}; build it with padding_mask/target_mask, or pass mask != 0"
             )
+        if batch % rows:
+            raise ValueError(f"{batch} query rows cannot form equal groups for {rows} key rows")
+        if mask is not None and mask.size(0) not in (1, rows):
+            raise ValueError(
+                f"the mask has {mask.size(0)} rows; it needs one per key row ({rows}), or one"
+            )
+        group = batch // rows
+        if group > 1:
+            # (rows * group, h, seq_q, d_k) -> (rows, h, group * seq_q, d_k): one key row's
+            # queries side by side, so its keys and values are read once, not group times
+            query = query.reshape(rows, group, self.h, -1, self.d_k).transpose(1, 2).flatten(2, 3)
+            if mask is not None and mask.size(-2) > 1:
+                mask = mask.repeat(1, group, 1)
         if mask is not None:
-            mask = mask.unsqueeze(1)  # one mask for all heads: (batch, 1, seq_q or 1, seq_k)
-        if self.fused:
+            mask = mask.unsqueeze(1)  # one mask for all heads: (rows, 1, seq_q or 1, seq_k)
+        if fused:
             x = F.scaled_dot_product_attention(
                 query,
                 key,
@@ -255,7 +274,7 @@ class MultiHeadedAttention(nn.Module):
         else:
             x, weights = attention(query, key, value, mask, self.dropout)
             self.weights = weights.detach()
-        # (batch, h, seq_q, d_v) -> (batch, seq_q, h * d_v): Concat(head_1, ..., head_h)
+        # (rows, h, group * seq_q, d_v) -> (batch, seq_q, h * d_v): Concat(head_1, ..., head_h)
         x = x.transpose(1, 2).reshape(batch, -1, self.h * self.d_v)
         return self.w_o(x)
 
@@ -265,26 +284,65 @@ class AttentionCache:
     MultiHeadedAttention keeps while the decoder produces one token at a time.
     growing=True, for masked self-attention: every call appends the new positions' keys and
     values to the earlier ones, which never change. growing=False, for encoder-decoder
-    attention: the first call projects the memory, later calls reuse it."""
+    attention: the first call projects the memory, later calls reuse it. For inference: what
+    it keeps is written in place, which gradients cannot pass through."""
+
+    room = 32  # positions a growing cache allocates beyond those it holds
 
     def __init__(self, growing):
         self.growing = growing
         self.keys = self.values = None
+        self.buffers = None  # growing: keys and values are the filled part of these
 
     def update(self, key, value):
         """Keep this call's keys and values as the cache's rule says; return all to attend to."""
-        if self.keys is None:
-            self.keys, self.values = key, value
-        elif self.growing:
-            self.keys = torch.cat([self.keys, key], dim=2)
-            self.values = torch.cat([self.values, value], dim=2)
+        if torch.is_grad_enabled() and (key.requires_grad or value.requires_grad):
+            raise RuntimeError(
+                "AttentionCache serves inference only; decode under torch.no_grad() "
+                "(greedy_decode and beam_search do)"
+            )
+        if not self.growing:
+            if self.keys is None:
+                # contiguous, so that the products of every later step read them as they are
+                self.keys, self.values = key.contiguous(), value.contiguous()
+            return self.keys, self.values
+        start = 0 if self.keys is None else self.keys.size(2)
+        end = start + key.size(2)
+        if self.buffers is None or end > self.buffers[0].size(2):
+            # torch.cat would copy everything kept at every step; a buffer with room is
+            # written in place and copied only when it fills
+            grown = [x.new_empty(*x.shape[:2], end + self.room, x.size(-1)) for x in (key, value)]
+            if start:
+                for buffer, old in zip(grown, (self.keys, self.values)):
+                    buffer[:, :, :start] = old
+            self.buffers = grown
+        for buffer, new in zip(self.buffers, (key, value)):
+            buffer[:, :, start:end] = new
+        self.keys, self.values = (buffer[:, :, :end] for buffer in self.buffers)
         return self.keys, self.values
 
     def reorder(self, rows):
-        """Keep row rows[j] in place j: beam search continues some hypotheses twice, others not."""
-        if self.keys is not None:
+        """Keep row rows[j] in place j, in new tensors: beam search's first step turns one
+        row per sentence into k."""
+        if self.keys is None:
+            return
+        if self.growing:
+            length = self.keys.size(2)
+            moved = [b.new_empty(rows.numel(), *b.shape[1:]) for b in self.buffers]
+            for buffer, kept in zip(moved, (self.keys, self.values)):
+                buffer[:, :, :length] = kept.index_select(0, rows)
+            self.buffers = moved
+            self.keys, self.values = (buffer[:, :, :length] for buffer in self.buffers)
+        else:
             self.keys = self.keys.index_select(0, rows)
             self.values = self.values.index_select(0, rows)
+
+    def copy_rows(self, source, target):
+        """Copy row source[i] over row target[i], in place; no target may be a source. Beam
+        search's later steps: a hypothesis continued twice hands its keys and values to the
+        row of one that was dropped, and the other rows stay where they are."""
+        for kept in (self.keys, self.values):
+            kept.index_copy_(0, target, kept.index_select(0, source))
 
 
 # --------------------------------------------------------------------------------------
@@ -1595,8 +1653,9 @@ class DecoderLayerCache:
 class KeyValueCache:
     """§6.1 (ours): what the decoder has already computed, so that each new token costs one
     position: a DecoderLayerCache per decoder layer, the memory (each layer projects it at
-    the first step), and `length`, the number of positions fed so far. Row b of every
-    tensor belongs to sentence (or, in beam search, hypothesis) b."""
+    the first step), and `length`, the number of positions fed so far. Row b of the
+    self-attention caches belongs to sentence (or, in beam search, hypothesis) b; the
+    memory side keeps one row per sentence."""
 
     def __init__(self, model, memory):
         self.memory = memory
@@ -1604,18 +1663,20 @@ class KeyValueCache:
         self.layers = [DecoderLayerCache() for _ in model.decoder.layers]
 
     def reorder(self, rows):
-        """Keep row rows[j] in place j: beam search continues some hypotheses twice, others
-        not. rows may only move hypotheses among those of the same sentence, as beam search
-        does. They share one memory, so the memory side moves only when the number of rows
-        changes (beam search's first step runs one row per sentence); copying the memory's
-        keys and values at every step took a third of beam search's time."""
-        widen = self.memory.size(0) != rows.numel()
-        if widen:
-            self.memory = self.memory.index_select(0, rows)
+        """Keep row rows[j] of the self-attention caches in place j: beam search's first step
+        turns one row per sentence into k. The memory side does not move: a sentence's k
+        hypotheses read its one memory as a group of k queries (MultiHeadedAttention.attend);
+        a copy of the memory per hypothesis, moved at every step, once took a third of beam
+        search's time."""
         for layer in self.layers:
             layer.self_attn.reorder(rows)
-            if widen:
-                layer.src_attn.reorder(rows)
+
+    def copy_rows(self, source, target):
+        """Copy row source[i] of the self-attention caches over row target[i], in place (no
+        target may be a source): beam search's later steps move only the hypotheses that
+        take over the row of a dropped one (beam_slots)."""
+        for layer in self.layers:
+            layer.self_attn.copy_rows(source, target)
 
 
 def decode_step(model, src_mask, tokens, cache):
@@ -1649,6 +1710,7 @@ def next_log_probs(model, memory, src_mask, ys, cache):
     return model.generator(out[:, -1])
 
 
+@torch.no_grad()  # decoding picks tokens: nothing to differentiate
 def greedy_decode(
     model, src, src_mask, max_len=None, start_symbol=BOS_ID, end_symbol=EOS_ID, cache=True
 ):
@@ -1694,6 +1756,26 @@ def length_penalty(length, alpha):
     return ((5 + length) / 6) ** alpha
 
 
+def beam_slots(kept, parent, k):
+    """Where beam search puts the candidates it keeps (§6.1, ours): kept (batch, c) bool over
+    each sentence's candidates, best first; parent (batch, c), the row in 0..k-1 of its
+    sentence that each extends. A parent's first kept extension takes over the parent's own
+    row, so that its cached keys and values stay where they are; further extensions of the
+    same parent take, in order, the rows of hypotheses that nothing extends, and only those
+    rows are copied. Returns slot (batch, c) in 0..k-1, or k where not kept."""
+    c = kept.size(-1)
+    earlier = torch.ones(c, c, dtype=torch.bool, device=kept.device).tril(-1)  # j ranks above i
+    sibling = (parent.unsqueeze(-1) == parent.unsqueeze(-2)) & kept.unsqueeze(-2) & earlier
+    first = kept & ~sibling.any(dim=-1)  # the best kept extension of its parent
+    extra = kept & ~first
+    rows = torch.arange(k, device=kept.device)
+    extended = ((parent.unsqueeze(-1) == rows) & kept.unsqueeze(-1)).any(dim=1)  # (batch, k)
+    free = torch.where(extended, k, rows).sort(dim=-1).values  # rows nothing extends, first
+    extra_slot = free.gather(1, (extra.cumsum(dim=-1) - 1).clamp(min=0))
+    return torch.where(first, parent, torch.where(extra, extra_slot, k))
+
+
+@torch.no_grad()  # decoding picks tokens: nothing to differentiate
 def beam_search(
     model,
     src,
@@ -1709,8 +1791,9 @@ def beam_search(
     batched over sentences; each sentence stops when no live hypothesis can still beat its
     best finished one (or at its length limit, output_limits). Same inputs and output
     format as greedy_decode: (batch, 1 + length) ids, start_symbol first, PAD_ID after the
-    end. Row b * beam_size + j of the internal tensors is hypothesis j of sentence b; every
-    step is tensor operations on all of them, with one wait for the device (are all done?)."""
+    end. Rows b * beam_size ... (b + 1) * beam_size - 1 of the internal tensors hold the
+    hypotheses of sentence b; every step is tensor operations on all of them, with one wait
+    for the device (are all done, which rows moved?)."""
     if not isinstance(beam_size, int) or beam_size <= 0:
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
     batch, k, device = src.size(0), beam_size, src.device
@@ -1722,9 +1805,10 @@ def beam_search(
     )
     memory = model.encode(src, src_mask)
     # every hypothesis starts as the same empty prefix, so the first step runs one row per
-    # sentence and the later ones k; wide: the memory and its mask repeated for k rows each
-    wide = memory.repeat_interleave(k, dim=0), src_mask.repeat_interleave(k, dim=0)
+    # sentence and the later ones k. The cache keeps one memory per sentence for its k
+    # hypotheses; without it, the decoder takes the memory and its mask repeated k times
     kv = KeyValueCache(model, memory) if cache else None
+    wide = None if cache else (memory.repeat_interleave(k, 0), src_mask.repeat_interleave(k, 0))
     ys = torch.full((batch, 1), start_symbol, dtype=torch.long, device=device)
     scores = torch.zeros(batch, 1, device=device)
     # the best finished hypothesis of each sentence: log P / lp, its tokens and its length
@@ -1735,7 +1819,8 @@ def beam_search(
     for t in range(steps):
         length = t + 1  # tokens in a hypothesis after this step, end_symbol included
         per_sentence = 1 if t == 0 else k  # rows per sentence in ys and the cache
-        log_probs = next_log_probs(model, *((memory, src_mask) if t == 0 else wide), ys, kv)
+        source = (memory, src_mask) if t == 0 or cache else wide
+        log_probs = next_log_probs(model, *source, ys, kv)
         vocab = log_probs.size(-1)
         candidates = scores.unsqueeze(-1) + log_probs.float().view(batch, per_sentence, vocab)
         candidates = candidates.view(batch, -1)
@@ -1759,23 +1844,33 @@ def beam_search(
         best_tokens[:, :length] = torch.where(improved.unsqueeze(1), ended, best_tokens[:, :length])
         best_length = torch.where(improved, length, best_length)
         best_score = torch.where(improved, step_best, best_score)
-        # the kept candidates fill slots 0, 1, ... in order; the others go to a spare slot k
-        slot = torch.where(kept, kept.cumsum(dim=-1) - 1, k)
+        # each kept candidate's slot among its sentence's k rows; the others go to a spare slot k
+        parent = top_index // vocab  # which of its sentence's rows each candidate extends
+        slot = beam_slots(kept, parent, k) if t else torch.where(kept, kept.cumsum(-1) - 1, k)
+        # a slot that nothing fills keeps its row as it is (-inf: it never extends)
+        unchanged = first_row + (torch.arange(k, device=device) if t else 0)
         new_scores = scores.new_full((batch, k + 1), float("-inf")).scatter(1, slot, top_scores)
         new_tokens = tokens.new_full((batch, k + 1), PAD_ID).scatter(1, slot, tokens)
-        new_rows = first_row.expand(batch, k + 1).scatter(1, slot, rows)
+        new_rows = torch.cat([unchanged.expand(batch, k), first_row], 1).scatter(1, slot, rows)
         new_scores, new_tokens, new_rows = new_scores[:, :k], new_tokens[:, :k], new_rows[:, :k]
         # log P only falls as a hypothesis grows, and lp is largest at the length limit:
         # no live hypothesis can end above best_alive / lp(limit)
-        bound = new_scores[:, 0].double() / limit_penalty
+        bound = new_scores.max(dim=-1).values.double() / limit_penalty
         done |= ~kept.any(dim=-1) | (best_score >= bound)
-        if done.all():
-            break
         new_rows = new_rows.flatten()
+        moved = new_rows != torch.arange(new_rows.numel(), device=device)
+        # the step's one wait for the device: is every sentence done, and which rows moved
+        flags = torch.cat([done.all().view(1), moved]).tolist()
+        if flags[0]:
+            break
         ys = torch.cat([ys[new_rows], new_tokens.reshape(-1, 1)], dim=1)
         scores = new_scores
-        if kv is not None:
-            kv.reorder(new_rows)
+        if kv is not None and t == 0:
+            kv.reorder(new_rows)  # one row per sentence becomes k
+        elif kv is not None:
+            moved_rows = [j for j, row_moved in enumerate(flags[1:]) if row_moved]
+            target = torch.tensor(moved_rows, dtype=torch.long, device=device)
+            kv.copy_rows(new_rows[target], target)
     width = 1 + int(best_length.max())
     out = torch.full((batch, width), PAD_ID, dtype=torch.long, device=device)
     out[:, 0] = start_symbol

@@ -47,6 +47,72 @@ def test_each_cached_step_equals_the_full_decoder(options):
     assert all(layer.self_attn.keys.size(2) == tgt.size(1) for layer in cache.layers)
 
 
+def test_the_self_attention_cache_grows_in_place_and_when_full_keeps_what_it_had():
+    torch.manual_seed(0)
+    attention = at.MultiHeadedAttention(4, 32).eval()
+    x = torch.randn(3, 9, 32)
+    cache = at.AttentionCache(growing=True)
+    cache.room = 3  # full after 4 positions, then after 8: two regrowths in 9 steps
+    buffers = []
+    with torch.no_grad():
+        full = attention(x, x, x, at.subsequent_mask(9))
+        for t in range(9):
+            step = attention(x[:, t : t + 1], x[:, t : t + 1], x[:, t : t + 1], cache=cache)
+            torch.testing.assert_close(step, full[:, t : t + 1], atol=1e-5, rtol=0)
+            buffers.append(cache.keys.data_ptr())
+    assert cache.keys.shape == (3, 4, 9, 8)
+    assert len(set(buffers)) == 3  # one buffer for steps 1-4, one for 5-8, one from step 9
+
+
+def test_the_cache_refuses_to_keep_tensors_that_need_gradients():
+    attention = at.MultiHeadedAttention(4, 32)
+    x = torch.randn(2, 1, 32)
+    with pytest.raises(RuntimeError, match="decode under torch.no_grad"):
+        attention(x, x, x, cache=at.AttentionCache(growing=True))
+
+
+def test_decoding_needs_no_no_grad_block_and_returns_no_graph():
+    model = small_model()
+    src, src_mask = sources()
+    for search in (at.greedy_decode, at.beam_search):
+        out = search(model, src, src_mask, max_len=10)
+        with torch.no_grad():
+            assert torch.equal(out, search(model, src, src_mask, max_len=10))
+        assert not out.requires_grad
+
+
+def test_beam_slots_keep_first_extensions_in_place_and_fill_dropped_rows():
+    # one sentence, k = 4, six candidates best first: rows 2, 2, 0, 2, 1, 3 extended
+    parent = torch.tensor([[2, 2, 0, 2, 1, 3]])
+    kept = torch.tensor([[True, True, True, True, False, False]])
+    slot = at.beam_slots(kept, parent, 4)
+    # the first extension of row 2 stays in row 2, of row 0 in row 0; the second and third
+    # extensions of row 2 take rows 1 and 3, whose hypotheses nothing extends
+    assert slot.tolist() == [[2, 1, 0, 3, 4, 4]]
+    # fewer than k kept: the rows nothing fills stay empty (slot k for the rest)
+    kept = torch.tensor([[True, False, True, False, False, False]])
+    assert at.beam_slots(kept, parent, 4).tolist() == [[2, 4, 0, 4, 4, 4]]
+
+
+def test_beam_search_copies_only_the_rows_of_second_extensions(monkeypatch):
+    model = small_model()
+    src, src_mask = sources()
+    copies, original = [], at.KeyValueCache.copy_rows
+
+    def recording(self, source, target):
+        assert not set(target.tolist()) & set(source.tolist())  # in place: never read after written
+        copies.append(target.numel())
+        return original(self, source, target)
+
+    monkeypatch.setattr(at.KeyValueCache, "copy_rows", recording)
+    with torch.no_grad():
+        cached = at.beam_search(model, src, src_mask, max_len=12, beam_size=4)
+        uncached = at.beam_search(model, src, src_mask, max_len=12, beam_size=4, cache=False)
+    assert torch.equal(cached, uncached)
+    rows = src.size(0) * 4
+    assert copies and max(copies) < rows and sum(copies) < rows * len(copies) / 2
+
+
 def test_greedy_decoding_with_and_without_the_cache_agree():
     model = small_model()
     src, src_mask = sources()

@@ -74,6 +74,37 @@ def test_fused_and_reference_multi_head_attention_agree(mask_kind):
     assert reference.weights.shape == (2, 4, 6, 6) and fused.weights is None
 
 
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("mask_kind", ["none", "padding", "causal"])
+def test_queries_in_groups_read_one_copy_of_the_keys(fused, mask_kind):
+    """Beam search's case: 3 query rows per key row (3 hypotheses of one sentence) give what
+    each row gives with its own copy of the keys, values and mask."""
+    torch.manual_seed(0)
+    attention = at.MultiHeadedAttention(4, 32, fused=fused).eval()
+    query, memory = torch.randn(6, 5, 32), torch.randn(2, 7, 32)
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, PAD, PAD, PAD]])
+    mask = {
+        "none": None,
+        "padding": at.padding_mask(tokens, PAD),
+        "causal": at.subsequent_mask(7)[:, :5].expand(2, 5, 7) & at.padding_mask(tokens, PAD),
+    }[mask_kind]
+    repeat = lambda x: None if x is None else x.repeat_interleave(3, dim=0)  # noqa: E731
+    with torch.no_grad():
+        grouped = attention(query, memory, memory, mask, at.AttentionCache(growing=False))
+        copied = attention(query, repeat(memory), repeat(memory), repeat(mask))
+    torch.testing.assert_close(grouped, copied, atol=1e-5, rtol=0)
+
+
+def test_queries_that_do_not_group_evenly_are_refused():
+    attention = at.MultiHeadedAttention(4, 32).eval().requires_grad_(False)
+    memory = torch.randn(2, 7, 32)
+    with pytest.raises(ValueError, match="5 query rows cannot form equal groups for 2 key rows"):
+        attention(torch.randn(5, 1, 32), memory, memory, None, at.AttentionCache(growing=False))
+    with pytest.raises(ValueError, match="the mask has 6 rows; it needs one per key row"):
+        mask = torch.ones(6, 1, 7, dtype=torch.bool)
+        attention(torch.randn(6, 1, 32), memory, memory, mask, at.AttentionCache(growing=False))
+
+
 def test_fused_and_reference_whole_model_agree():
     model = tiny_model()
     src, tgt, src_mask, tgt_mask = toy_batch()
