@@ -189,7 +189,8 @@ class MultiHeadedAttention(nn.Module):
     torch's scaled_dot_product_attention, fused=False with the reference `attention`,
     which also keeps the weights of the last call in `self.weights` for plotting.
     cache, an AttentionCache (below), serves decoding one token at a time: keys and values
-    projected by earlier calls are kept there and not computed again.
+    projected by earlier calls are kept there and not computed again; such calls always
+    take the reference path.
     """
 
     def __init__(self, h, d_model, dropout=0.0, fused=True, d_k=None, d_v=None):

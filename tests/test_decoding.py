@@ -389,8 +389,8 @@ def test_the_pinned_cases_reach_every_rule_of_the_search(copy_model, monkeypatch
 
 def test_beam_search_reads_the_device_once_per_step(copy_model, monkeypatch):
     """Every read of a tensor's value by Python (bool, int, float, item, tolist) waits for
-    the device; the search makes one per step (are all sentences done?), plus three outside
-    the loop. Reads inside torch's own kernels are not counted here."""
+    the device; the search makes one per step (are all sentences done, which rows moved?),
+    plus three outside the loop. Reads inside torch's own kernels are not counted here."""
     src, src_mask = copy_sources(0)
     steps, reads = count_steps(monkeypatch), []
     for name in ("__bool__", "__int__", "__float__", "__index__", "item", "tolist"):
