@@ -1828,7 +1828,9 @@ def beam_search(
         first_row = torch.arange(batch, device=device).unsqueeze(1) * per_sentence
         # 2k candidates, best first: even if k of them end here, k others can go on
         top_scores, top_index = candidates.topk(min(2 * k, candidates.size(-1)), dim=-1)
-        rows, tokens = first_row + top_index // vocab, top_index % vocab  # (batch, 2k)
+        # (batch, 2k): the row in its sentence each candidate extends, and its token
+        parent, tokens = top_index // vocab, top_index % vocab
+        rows = first_row + parent
         ends = (tokens == end_symbol) | (length >= limits).unsqueeze(1)
         # walk down the candidates until k go on: those that end on the way are finished
         valid = (top_scores != float("-inf")) & ~done.unsqueeze(1)
@@ -1846,7 +1848,6 @@ def beam_search(
         best_length = torch.where(improved, length, best_length)
         best_score = torch.where(improved, step_best, best_score)
         # each kept candidate's slot among its sentence's k rows; the others go to a spare slot k
-        parent = top_index // vocab  # which of its sentence's rows each candidate extends
         slot = beam_slots(kept, parent, k) if t else torch.where(kept, kept.cumsum(-1) - 1, k)
         # a slot that nothing fills keeps its row as it is (-inf: it never extends)
         unchanged = first_row + (torch.arange(k, device=device) if t else 0)
