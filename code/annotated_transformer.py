@@ -424,12 +424,8 @@ class Generator(nn.Module):
 
 def positional_encoding(max_len, d_model):
     """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i / d_model)), PE(pos, 2i+1) = cos(same).
-    Returns the (max_len, d_model) float32 table."""
-    for name, value in (("max_len", max_len), ("d_model", d_model)):
-        if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if d_model % 2:
-        raise ValueError(f"d_model={d_model} must be even: dimensions come in sin/cos pairs")
+    Returns the (max_len, d_model) float32 table; d_model is even (ModelConfig checks it),
+    as dimensions come in (sin, cos) pairs."""
     # float64, so the table is exact to float32 even at pos ~ 10^4
     position = torch.arange(max_len, dtype=torch.float64).unsqueeze(1)
     wavelength = 10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
@@ -489,9 +485,22 @@ class LearnedPositionalEmbedding(PositionalEncoding):
 class ModelConfig:
     """The architecture's hyperparameters, named as in Table 3; defaults are the base model.
 
-    d_k and d_v default to d_model / h. positions is "sinusoidal" (§3.5) or "learned"
-    (Table 3 row E). attention_dropout and relu_dropout go beyond §5.4 (which drops
-    sub-layer outputs and embeddings; §6.3 mentions attention dropout) and default to 0."""
+    Attributes:
+        N: identical layers in the encoder and in the decoder (§3.1)
+        d_model: width of every sub-layer's output and of the embeddings (§3.1)
+        d_ff: inner width of the position-wise feed-forward network (§3.3)
+        h: attention heads (§3.2.2)
+        d_k: width of each head's queries and keys (default d_model / h)
+        d_v: width of each head's values (default d_model / h)
+        dropout: residual dropout on sub-layer outputs and embedding sums (§5.4)
+        max_len: rows of the positional table: the longest sequence the model reads
+        share_embeddings: one matrix for both embeddings and the output projection (§3.4)
+        pre_norm: LayerNorm before each sub-layer instead of after (not the paper's)
+        fused: PyTorch's fused attention kernel instead of the reference Eq. (1)
+        positions: "sinusoidal" (§3.5) or "learned" (Table 3 row E)
+        attention_dropout: dropout on attention weights (beyond §5.4; §6.3 mentions it)
+        relu_dropout: dropout inside the feed-forward network (beyond §5.4)
+    """
 
     N: int = 6
     d_model: int = 512
