@@ -454,7 +454,7 @@ class PositionalEncoding(nn.Module):
 
     def forward(self, x, offset=0):
         # offset: the position of x's first row, so that a decoder fed one token at a
-        # time (§6.1, with a key/value cache) adds the encoding of that token's position
+        # time (§6.1), reusing what earlier steps computed, adds its own position's encoding
         seq = x.size(1)
         if offset + seq > self.max_len:
             raise ValueError(

@@ -1,8 +1,10 @@
 """The literate export: the committed module is what the chapters generate, in _toc.yml
 order, and cells with side effects are refused."""
 
+import ast
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -94,3 +96,48 @@ def test_module_imports_without_side_effects(tmp_path):
     assert result.stdout == "" and result.stderr == ""
     assert list(tmp_path.iterdir()) == []
     assert sorted(p.name for p in code_dir.iterdir()) == before
+
+
+def test_no_exported_function_is_longer_than_a_screen():
+    """Each function of the module (methods too) fits on one screen: 55 lines at most,
+    docstring included, so that a reader sees it whole beside its prose."""
+    tree = ast.parse(export.MODULE.read_text())
+    long = [
+        f"{node.name} ({node.end_lineno - node.lineno + 1} lines, line {node.lineno})"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > 55
+    ]
+    assert not long, f"split these into named parts: {long}"
+
+
+def test_the_papers_model_reads_without_decoding_or_training_machinery():
+    """The module's part from 3.1 to 3.6 (everything a forward pass uses) names no cache,
+    checkpoint, device or process: those live on the back-matter pages, after the paper."""
+    text = export.MODULE.read_text()
+    start = text.index("from chapters/03_1_encoder_decoder_stacks.ipynb")
+    end = text.index("from chapters/05_training.ipynb")
+    model_part = text[start:end]
+    for word in ("cache", "checkpoint", "distributed", "rank", "autocast"):
+        assert not re.search(rf"\b{word}", model_part, re.I), f"{word!r} in the paper's model"
+
+
+def test_no_script_imports_another_script():
+    """Scripts in code/ share through the module and code/cli.py, never through each other:
+    a file with a `main` (a script) is never imported by another file of code/."""
+    code_dir = export.MODULE.parent
+    scripts = {
+        p.stem for p in code_dir.glob("*.py") if re.search(r"^def main\(", p.read_text(), re.M)
+    }
+    borrowed = []
+    for path in code_dir.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            borrowed += [f"{path.name} imports {n}" for n in names if n in scripts]
+    assert not borrowed, borrowed
