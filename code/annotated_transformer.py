@@ -2,7 +2,7 @@
 
 GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
 `#| export` in chapters/, in the order of _toc.yml; change a chapter, then run
-`python code/export.py` (or `python code/run_chapters.py`, which also re-executes).
+`python code/export.py` (or `python code/export.py --execute`, which also re-executes).
 """
 
 

@@ -1,8 +1,13 @@
 """Literate export: build code/annotated_transformer.py from the chapters' cells whose
-first line is exactly `#| export`, in _toc.yml order.
+first line is exactly `#| export`, in _toc.yml order, and re-execute chapters.
 
     python code/export.py           # regenerate the module
     python code/export.py --check   # exit 1, with a diff, if the module is out of date
+    python code/export.py --execute chapters/03_5_*.ipynb   # regenerate, then re-execute
+    python code/export.py --execute                          # ... every chapter, in order
+
+The book shows stored outputs and nbval compares against them, so outputs are never edited
+by hand: change a chapter, run --execute on it, commit. Each chapter runs on a fresh kernel.
 
 Exported cells may hold only imports, definitions and UPPER_CASE constants, so that
 importing the module has no side effects; anything else is refused, naming the cell.
@@ -14,6 +19,7 @@ import difflib
 import json
 import pathlib
 import sys
+import time
 
 import yaml
 
@@ -24,7 +30,7 @@ HEADER = '''"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2
 
 GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
 `#| export` in chapters/, in the order of _toc.yml; change a chapter, then run
-`python code/export.py` (or `python code/run_chapters.py`, which also re-executes).
+`python code/export.py` (or `python code/export.py --execute`, which also re-executes).
 """
 '''
 
@@ -124,6 +130,38 @@ def generate(root=ROOT):
     return text
 
 
+KERNEL = {"display_name": "Python 3", "language": "python", "name": "python3"}
+
+
+def tidy(notebook):
+    """Keep only metadata that matters, so diffs show content, not bookkeeping."""
+    import nbformat
+
+    notebook.metadata = nbformat.from_dict(
+        {"kernelspec": KERNEL, "language_info": {"name": "python"}}
+    )
+    for cell in notebook.cells:
+        tags = cell.metadata.get("tags")
+        cell.metadata = nbformat.from_dict({"tags": tags} if tags else {})
+    return notebook
+
+
+def execute(path, timeout):
+    """Run a chapter on a fresh kernel and store its outputs in place."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        notebook,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+    )
+    client.execute()
+    nbformat.write(tidy(notebook), path)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -131,6 +169,14 @@ def main(argv=None):
     parser.add_argument(
         "--check", action="store_true", help="fail if the module differs from the chapters"
     )
+    parser.add_argument(
+        "--execute",
+        nargs="*",
+        type=pathlib.Path,
+        metavar="NOTEBOOK",
+        help="after regenerating, re-execute these chapters (none named: all, in _toc.yml order)",
+    )
+    parser.add_argument("--timeout", type=int, default=1200, help="seconds per cell")
     args = parser.parse_args(argv)
     try:
         text = generate()
@@ -154,6 +200,14 @@ def main(argv=None):
     if current != text:
         MODULE.write_text(text)
     print(f"wrote {_shown(MODULE)}" if current != text else "module already up to date")
+    if args.execute is not None:
+        paths = args.execute or [
+            ROOT / f"{file}.ipynb" for file in toc_files() if (ROOT / f"{file}.ipynb").exists()
+        ]
+        for path in paths:
+            start = time.perf_counter()
+            execute(path.resolve(), args.timeout)
+            print(f"executed {_shown(path.resolve())} in {time.perf_counter() - start:.1f} s")
     return 0
 
 

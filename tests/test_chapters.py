@@ -22,7 +22,7 @@ def test_every_chapter_is_in_the_table_of_contents():
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
 def test_chapter_is_executed_with_outputs_and_no_errors(path):
     cells = code_cells(path)
-    assert all(c["execution_count"] is not None for c in cells), "run code/run_chapters.py"
+    assert all(c["execution_count"] is not None for c in cells), "run code/export.py --execute"
     assert [c["execution_count"] for c in cells] == list(range(1, len(cells) + 1))
     assert not any(o["output_type"] == "error" for c in cells for o in c["outputs"])
 
