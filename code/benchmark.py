@@ -19,7 +19,6 @@ median and range of the per-round ratios.
 import argparse
 import json
 import os
-import pathlib
 import statistics
 import sys
 import time
@@ -374,7 +373,7 @@ def parse_args(argv=None):
     add("--min-seconds", type=cli.non_negative_float, default=0.2, help="min_run_time per round")
     add("--bf16", choices=["auto", "on", "off"], default="auto", help="the bf16 autocast row")
     add("--quick", action="store_true", help="smoke run: tiny, 2 rounds unless given, no minimum")
-    add("--out", type=pathlib.Path, help="write the results here (JSON)")
+    add("--out", type=cli.given_path, help="write the results here (JSON)")
     args = parser.parse_args(argv)
     if args.quick:
         args.config, args.min_seconds = ["tiny"], 0.0

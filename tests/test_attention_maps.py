@@ -26,10 +26,11 @@ def records():
     model = at.make_model(vocab, vocab, N=2, d_model=32, d_ff=64, h=4, share_embeddings=True)
     sources = [tokenizer.encode(s).ids + [at.EOS_ID] for s in SENTENCES]
     model.eval()
-    # an untrained model rarely ends by itself: 8 tokens at most keep the test fast
-    targets = attention_maps.translate_ids(model, sources, max_len=8)
-    extracted = attention_maps.extract(model, tokenizer, SENTENCES, max_len=8)
-    return model, tokenizer, sources, targets, extracted
+    # greedy: an untrained model rarely ends by itself, and a beam to input length + 50
+    # would make the test slow
+    translations = at.translate(model, tokenizer, SENTENCES, beam_size=1)
+    extracted = attention_maps.extract(model, tokenizer, SENTENCES, beam_size=1)
+    return model, tokenizer, sources, translations, extracted
 
 
 def test_shapes_match_the_token_counts(records):
@@ -73,9 +74,11 @@ def test_decoder_self_attention_is_lower_triangular(records):
 
 
 def test_decoder_input_is_the_models_own_translation_shifted_right(records):
-    _, _, _, targets, extracted = records
-    for record, target in zip(extracted, targets):
-        assert record["target_ids"] == target
+    _, tokenizer, sources, translations, extracted = records
+    for record, source, translation in zip(extracted, sources, translations):
+        assert record["translation"] == translation and record["source_ids"] == source
+        assert record["target_ids"] == tokenizer.encode(translation).ids + [at.EOS_ID]
+        assert record["target_input"][0] == "<s>"
         assert record["target_input"][1:] == record["target_output"][:-1]
 
 
