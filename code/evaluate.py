@@ -90,18 +90,8 @@ def main(argv=None):
         snapshots, until = [path for path, _ in kept], kept[-1][1]
     cli.own_folder(args.out, args.run)
     with at.RunFolder(args.out, resume=True):
-        evaluate(
-            args.run,
-            args.out,
-            snapshots,
-            average=args.average,
-            device=args.device,
-            batch_size=args.batch_size,
-            limit=args.limit,
-            dtype=args.dtype,
-            hardware=args.hardware,
-            until=until,
-        )
+        settings = ("average", "device", "batch_size", "limit", "dtype", "hardware")
+        evaluate(args.run, args.out, snapshots, until=until, **{k: vars(args)[k] for k in settings})
     return 0
 
 

@@ -42,6 +42,7 @@ class Scale:
     """A base configuration, each Table 3 row's change at that size (by the paper's label;
     rows missing here are not run), and how the runs are scored."""
 
+    name: str
     base: at.TrainConfig
     rows: dict
     beam_size: int
@@ -81,33 +82,24 @@ CPU_ROWS = {
 
 SCALES = {
     "cpu": Scale(
-        base=replace(
-            at.PROFILES["multi30k"],
-            max_steps=2000,
-            checkpoint_every=2000,
-            keep_checkpoints=1,
-        ),
+        name="cpu",
+        base=replace(at.PROFILES["multi30k"], max_steps=2000),
         rows=CPU_ROWS,
         beam_size=1,
         bleu_sentences=None,
         note="CPU scale: the multi30k recipe for 2000 steps, about 27 minutes of one core",
     ),
     "gpu": Scale(
-        base=replace(at.PROFILES["base"], keep_checkpoints=1),
+        name="gpu",
+        base=at.PROFILES["base"],
         rows={row.label: row.changes for row in at.TABLE3_ROWS},
         beam_size=4,
         bleu_sentences=None,
         note="GPU scale: the paper's base model and rows, on Multi30k",
     ),
     "tiny": Scale(
-        base=replace(
-            at.PROFILES["tiny"],
-            vocab_size=300,
-            max_tokens=300,
-            max_steps=20,
-            checkpoint_every=20,
-            keep_checkpoints=1,
-        ),
+        name="tiny",
+        base=replace(at.PROFILES["tiny"], vocab_size=300, max_tokens=300, max_steps=20),
         rows=CPU_ROWS,
         beam_size=1,
         bleu_sentences=16,
@@ -171,23 +163,14 @@ def group_of(label):
 
 
 def run_variant(
-    label,
-    changes,
-    base,
-    train_pairs,
-    val_pairs,
-    device="cpu",
-    beam_size=1,
-    bleu_sentences=None,
-    scale="cpu",
-    log=print,
-    tokenizer=None,
+    label, changes, base, train_pairs, val_pairs, scale, device="cpu", log=print, tokenizer=None
 ):
     """Train one Table 3 variant, the TrainConfig `base` with `changes` applied
-    (at.apply_changes), from scratch (at.train, in a temporary folder) and score it on val
-    pairs: validation_perplexity on all of them, sacreBLEU on the first
-    bleu_sentences (all when None), decoding greedily (beam_size=1) or with beam search.
-    Returns the run's CSV row as a dict with the keys of COLUMNS."""
+    (at.apply_changes), from scratch (at.train, in a temporary folder, with `tokenizer` or
+    one learned from the pairs) and score it on val pairs as `scale` says:
+    validation_perplexity on all of them, sacreBLEU on the first scale.bleu_sentences (all
+    when None), decoding greedily (scale.beam_size 1) or with beam search. Returns the
+    run's CSV row as a dict with the keys of COLUMNS."""
     config = at.apply_changes(base, changes)
     log(f"{label} (seed {config.seed}): {cli.command_for(config)}")
     cpu_start, wall_start = time.process_time(), time.perf_counter()
@@ -198,8 +181,8 @@ def run_variant(
     train_seconds = time.perf_counter() - wall_start
     model.eval()
     ppl = at.validation_perplexity(model, at.encode_pairs(val_pairs, tokenizer), config.max_tokens)
-    scored = val_pairs if bleu_sentences is None else val_pairs[:bleu_sentences]
-    bleu = at.evaluate_bleu(model, tokenizer, scored, beam_size=beam_size)["bleu"]
+    scored = val_pairs[: scale.bleu_sentences]
+    bleu = at.evaluate_bleu(model, tokenizer, scored, beam_size=scale.beam_size)["bleu"]
     m = config.model
     row = {
         "row": label,
@@ -219,7 +202,7 @@ def run_variant(
         "val_ppl": round(ppl, 2),
         "val_bleu": bleu,
         "bleu_sentences": len(scored),
-        "decoding": at.decoding_label(beam_size),
+        "decoding": at.decoding_label(scale.beam_size),
         "steps": config.max_steps,
         "max_tokens": config.max_tokens,
         "vocab_size": config.vocab_size,
@@ -229,7 +212,7 @@ def run_variant(
         "train_seconds": round(train_seconds, 1),
         "cpu_seconds": round(time.process_time() - cpu_start, 1),
         "hardware": at.hardware_description(device),
-        "scale": scale,
+        "scale": scale.name,
     }
     log(
         f"{label}: {row['params']:,} parameters, val PPL {row['val_ppl']}, "
@@ -293,11 +276,15 @@ def main(argv=None):
     scale = SCALES[args.scale]
     labels = selected_rows(scale, args.rows)
     base = at.apply_changes(scale.base, cli.given_changes(args))
-    base = replace(base, checkpoint_every=base.max_steps)
+    # one checkpoint, at the end: a variant is trained once, from scratch, in a temporary folder
+    base = replace(base, checkpoint_every=base.max_steps, keep_checkpoints=1)
     train_pairs = at.load_multi30k("train", data_dir=args.data_dir)[: args.train_pairs]
     val_pairs = at.load_multi30k("val", data_dir=args.data_dir)
-    beam_size = args.beam_size or scale.beam_size
-    bleu_sentences = args.bleu_sentences or scale.bleu_sentences
+    scale = replace(
+        scale,
+        beam_size=args.beam_size or scale.beam_size,
+        bleu_sentences=args.bleu_sentences or scale.bleu_sentences,
+    )
     csv_path = args.out / "variations.csv"
     rows = cli.read_csv(csv_path)
     tokenizer_for = cli.tokenizers(train_pairs)  # one vocabulary per size, in memory
@@ -315,7 +302,7 @@ def main(argv=None):
                 "warmup_steps": config.warmup_steps,
                 "lr_factor": config.lr_factor,
                 "scale": args.scale,
-                "decoding": at.decoding_label(beam_size),
+                "decoding": at.decoding_label(scale.beam_size),
                 "train_pairs": len(train_pairs),
             }
             if any(all(r[k] == str(planned[k]) for k in IDENTITY) for r in rows):
@@ -327,10 +314,8 @@ def main(argv=None):
                 replace(base, seed=seed),
                 train_pairs,
                 val_pairs,
+                scale,
                 args.device,
-                beam_size,
-                bleu_sentences,
-                args.scale,
                 log,
                 tokenizer_for(config.vocab_size),
             )
