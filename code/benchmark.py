@@ -385,8 +385,11 @@ def parse_args(argv=None):
 
 @cli.user_errors_exit_2("benchmark.py")
 def main(argv=None, log=None):
-    """Measure every configuration asked for, print the table and ratios, write the JSON."""
+    """Measure every configuration asked for, print the table and ratios, write the JSON;
+    returns the exit code (2 on a user's error, with one line on stderr)."""
     args = parse_args(argv)
+    if args.out:  # a folder that cannot be made fails now, not after minutes of measuring
+        args.out.parent.mkdir(parents=True, exist_ok=True)
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     device, threads = torch.device(args.device), torch.get_num_threads()
     torch.set_num_threads(args.threads or threads)
@@ -421,10 +424,9 @@ def main(argv=None, log=None):
         torch.set_num_threads(threads)  # main() may be called in-process (the tests do)
     report(results, table)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1) + "\n")
         print(f"wrote {args.out}")
-    return results
+    return 0
 
 
 def report(results, table):
@@ -446,4 +448,4 @@ def report(results, table):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

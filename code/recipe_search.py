@@ -122,8 +122,12 @@ def main(argv=None):
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=cli.given_path, required=True, help="the search's folder")
-    parser.add_argument("--rungs", type=int, nargs="*", help="which rungs (default: all)")
-    parser.add_argument("--trials", nargs="*", help="a subset of TRIALS (default: all)")
+    parser.add_argument(
+        "--rungs", type=cli.non_negative_int, nargs="*", help="which rungs (default: all)"
+    )
+    parser.add_argument(
+        "--trials", nargs="*", choices=list(TRIALS), help="a subset of TRIALS (default: all)"
+    )
     parser.add_argument(
         "--budgets",
         type=cli.positive_float,
