@@ -116,8 +116,7 @@ def record(row, path, extra_csv):
         shutil.copy(path, extra_csv)
 
 
-@cli.user_errors_exit_2("recipe_search.py")
-def main(argv=None):
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -137,7 +136,12 @@ def main(argv=None):
     parser.add_argument("--threads", type=cli.positive_int, default=1)
     parser.add_argument("--csv", type=cli.given_path, help="also copy the table here")
     parser.add_argument("--data-dir", type=cli.given_path)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+@cli.user_errors_exit_2("recipe_search.py")
+def main(argv=None):
+    args = parse_args(argv)
     cli.set_threads(args.threads)
     pairs = at.load_multi30k("train", data_dir=args.data_dir)
     val_pairs = at.load_multi30k("val", data_dir=args.data_dir)

@@ -226,6 +226,9 @@ def test_attention_grid_draws_every_layer_and_head():
     titles = [ax.get_title() for ax in fig.axes if ax.axison]
     assert titles == [f"layer 3, head {h}" for h in (1, 2, 3, 4)]
     assert len(fig.axes) == 4 and fig.axes[1].get_position().x0 > fig.axes[0].get_position().x1
+    # one layer's heads (h, seq_q, seq_k), as chapter 3.2.2 draws them: panels named by head
+    fig = plots.attention_grid(torch.rand(3, 4, 5).softmax(-1), list("abcd"), list("vwxyz"), "")
+    assert [ax.get_title() for ax in fig.axes if ax.axison] == ["head 1", "head 2", "head 3"]
 
 
 def test_attention_lines_draw_one_line_per_weight_above_threshold():

@@ -62,7 +62,7 @@ def test_every_trial_runs_then_the_best_quarter_goes_on_and_only_val_is_read(tmp
     ],
 )
 def test_bad_flags_exit_2_naming_them(flags, message, tmp_path, tiny_search, capsys):
+    # parse_args, not main: were a check missing, main would start a search of many minutes
     with pytest.raises(SystemExit) as stop:
-        recipe_search.main(["--out", str(tmp_path), *flags])
+        recipe_search.parse_args(["--out", str(tmp_path), *flags])
     assert stop.value.code == 2 and message in capsys.readouterr().err
-    assert not list(tmp_path.iterdir())  # nothing was started

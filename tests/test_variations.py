@@ -271,3 +271,15 @@ def test_the_shipped_table_has_every_column_that_identifies_a_run():
     empty = [(r["row"], k) for r in rows for k in variations.IDENTITY if not r[k]]
     assert set(empty) <= {("base", "changes")}  # the base row changes nothing
     assert {r["train_pairs"] for r in rows} == {"29000"}  # trained on all of Multi30k train
+
+
+def test_the_charts_take_their_series_labels_and_title_from_the_caller():
+    import plots
+
+    series = ("the paper's rows", "rows of a run")
+    changes = plots.table3_changes(["(A)", "(B)"], [1.0, -2.0], [3.0, 4.0], series, title="t")
+    sizes = plots.ppl_vs_params(["base", "(B)"], [1, 2], [3, 2], [1, 3], [5, 4], series, "u")
+    for fig, title in ((changes, "t"), (sizes, "u")):
+        ax = fig.axes[0]
+        assert [text.get_text() for text in ax.get_legend().get_texts()] == list(series)
+        assert ax.get_title() == title
