@@ -410,7 +410,7 @@ def main(argv=None):
         help="validation sentences for the head statistics",
     )
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    cli.set_threads(1)
     splits = {split: at.load_multi30k(split, data_dir=args.data_dir) for split, *_ in SENTENCES}
     chosen = [(split, i, why, links, *splits[split][i]) for split, i, why, links in SENTENCES]
     val = splits.get("val") or at.load_multi30k("val", data_dir=args.data_dir)
