@@ -29,7 +29,6 @@ import sys
 
 import pandas as pd
 import torch
-from tokenizers import Tokenizer
 
 import annotated_transformer as at
 import cli
@@ -93,26 +92,6 @@ def display_token(tokenizer, token_id):
     return token[1:] if token.startswith("▁") and len(token) > 1 else token
 
 
-def translate_ids(model, sources, beam_size=4, alpha=0.6, max_len=None):
-    """The model's own translations of source id lists, as target id lists (no <s>; the
-    last id is </s> unless the length limit stopped the hypothesis). max_len=None is the
-    paper's limit, input length + 50 (§6.1)."""
-    src = at.pad_ids(sources)
-    src_mask = at.padding_mask(src, at.PAD_ID)
-    with torch.no_grad():
-        if beam_size == 1:
-            out = at.greedy_decode(model, src, src_mask, max_len=max_len)
-        else:
-            out = at.beam_search(model, src, src_mask, max_len, beam_size=beam_size, alpha=alpha)
-    return [until_eos(row) for row in out[:, 1:].tolist()]
-
-
-def until_eos(ids):
-    """A decoded row up to and including its first </s>, without the padding after it."""
-    ids = ids[: ids.index(at.PAD_ID)] if at.PAD_ID in ids else ids
-    return ids[: ids.index(at.EOS_ID) + 1] if at.EOS_ID in ids else ids
-
-
 def attention_weights(model, sources, targets):
     """One teacher-forced forward pass of a padded batch on the reference attention path.
     sources: source id lists (ending in </s>); targets: target id lists (y_1 ... y_n).
@@ -153,19 +132,22 @@ def attention_weights(model, sources, targets):
     return results
 
 
-def extract(model, tokenizer, sentences, beam_size=4, alpha=0.6, max_len=None):
-    """Translate German `sentences` (list of str) and return one record per sentence:
-    source/target ids and display tokens, the translation, and the weights of every layer
-    and head as tensors (see attention_weights)."""
+def extract(model, tokenizer, sentences, beam_size=4, alpha=0.6):
+    """Translate German `sentences` (list of str) with at.translate and return one record per
+    sentence: source/target ids and display tokens, the translation, and the weights of
+    every layer and head as tensors (see attention_weights). The target ids are the
+    translation encoded again, ending in </s>: the tokens the model produced whenever its
+    output is the usual encoding of its own text, as a trained model's nearly always is."""
+    translations = at.translate(model, tokenizer, sentences, beam_size, alpha)
     sources = [tokenizer.encode(s).ids + [at.EOS_ID] for s in sentences]
-    targets = translate_ids(model, sources, beam_size, alpha, max_len)
+    targets = [tokenizer.encode(t).ids + [at.EOS_ID] for t in translations]
     weights = attention_weights(model, sources, targets)
     records = []
-    for sentence, s, t, w in zip(sentences, sources, targets, weights):
+    for sentence, translation, s, t, w in zip(sentences, translations, sources, targets, weights):
         records.append(
             {
                 "text": sentence,
-                "translation": tokenizer.decode(t, skip_special_tokens=True),
+                "translation": translation,
                 "source_ids": s,
                 "target_ids": t,
                 "source": [display_token(tokenizer, i) for i in s],
@@ -356,25 +338,14 @@ def load(path):
     return data
 
 
-def read_model(checkpoint):
-    """A checkpoint's model (evaluation mode, CPU), tokenizer and payload, from one read of the
-    file: at.load_checkpoint builds the same model but does not return the payload's step and
-    configuration, which the JSON records."""
-    payload = at.read_checkpoint(checkpoint)
-    tokenizer = Tokenizer.from_str(payload["tokenizer"])
-    vocab = tokenizer.get_vocab_size()
-    model = at.build_model(vocab, vocab, at.ModelConfig(**payload["config"]["model"]))
-    model.load_state_dict(payload["model"])
-    return model.eval(), tokenizer, payload
-
-
 def analyse(checkpoint, chosen, sample, beam_size=4, alpha=0.6):
     """One snapshot: the chosen sentences' records (their links resolved) and their links'
     weights, and the head statistics over the `sample` sentences with the uniform-attention
     baseline. Returns a dict: checkpoint, step, label (the step, or "average" for weights
     averaged over snapshots, whose step is their last), config, records, links, statistics,
     uniform."""
-    model, tokenizer, payload = read_model(checkpoint)
+    model, tokenizer = at.load_checkpoint(checkpoint)
+    payload = at.read_checkpoint(checkpoint)  # its step, configuration and averaged steps
     records = extract(model, tokenizer, [de for *_, de, _ in chosen], beam_size, alpha)
     for record, (split, i, why, links, _, en) in zip(records, chosen):
         resolved = find_links(record["source"], links)
@@ -419,17 +390,17 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--checkpoint", type=pathlib.Path, required=True)
-    parser.add_argument("--out", type=pathlib.Path, required=True)
+    parser.add_argument("--checkpoint", type=cli.given_path, required=True)
+    parser.add_argument("--out", type=cli.given_path, required=True)
     parser.add_argument(
         "--also",
-        type=pathlib.Path,
+        type=cli.given_path,
         nargs="*",
         default=[],
         help="earlier snapshots of the same run: their link weights and head statistics are "
         "stored too, to show which findings hold from one snapshot to the next",
     )
-    parser.add_argument("--data-dir", type=pathlib.Path, default=None, help="Multi30k folder")
+    parser.add_argument("--data-dir", type=cli.given_path, default=None, help="Multi30k folder")
     parser.add_argument("--beam-size", type=cli.positive_int, default=4)
     parser.add_argument("--alpha", type=cli.non_negative_float, default=0.6)
     parser.add_argument(
@@ -439,7 +410,7 @@ def main(argv=None):
         help="validation sentences for the head statistics",
     )
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    cli.set_threads(1)
     splits = {split: at.load_multi30k(split, data_dir=args.data_dir) for split, *_ in SENTENCES}
     chosen = [(split, i, why, links, *splits[split][i]) for split, i, why, links in SENTENCES]
     val = splits.get("val") or at.load_multi30k("val", data_dir=args.data_dir)

@@ -19,7 +19,6 @@ median and range of the per-round ratios.
 import argparse
 import json
 import os
-import pathlib
 import statistics
 import sys
 import time
@@ -374,7 +373,7 @@ def parse_args(argv=None):
     add("--min-seconds", type=cli.non_negative_float, default=0.2, help="min_run_time per round")
     add("--bf16", choices=["auto", "on", "off"], default="auto", help="the bf16 autocast row")
     add("--quick", action="store_true", help="smoke run: tiny, 2 rounds unless given, no minimum")
-    add("--out", type=pathlib.Path, help="write the results here (JSON)")
+    add("--out", type=cli.given_path, help="write the results here (JSON)")
     args = parser.parse_args(argv)
     if args.quick:
         args.config, args.min_seconds = ["tiny"], 0.0
@@ -386,8 +385,11 @@ def parse_args(argv=None):
 
 @cli.user_errors_exit_2("benchmark.py")
 def main(argv=None, log=None):
-    """Measure every configuration asked for, print the table and ratios, write the JSON."""
+    """Measure every configuration asked for, print the table and ratios, write the JSON;
+    returns the exit code (2 on a user's error, with one line on stderr)."""
     args = parse_args(argv)
+    if args.out:  # a folder that cannot be made fails now, not after minutes of measuring
+        args.out.parent.mkdir(parents=True, exist_ok=True)
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     device, threads = torch.device(args.device), torch.get_num_threads()
     torch.set_num_threads(args.threads or threads)
@@ -422,10 +424,9 @@ def main(argv=None, log=None):
         torch.set_num_threads(threads)  # main() may be called in-process (the tests do)
     report(results, table)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1) + "\n")
         print(f"wrote {args.out}")
-    return results
+    return 0
 
 
 def report(results, table):
@@ -447,4 +448,4 @@ def report(results, table):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

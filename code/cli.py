@@ -1,13 +1,21 @@
 """What the scripts in code/ share: argument types that refuse a bad value with a message
-naming it, the --device flag, and one way to end on a user's mistake: one line on stderr
-and exit code 2, never a traceback."""
+naming it, the --device flag, one way to end on a user's mistake (one line on stderr and
+exit code 2, never a traceback), a flag for every field of the config dataclasses (help
+from their docstrings), thread set-up, a log, results tables and shared tokenizers.
+No script imports another script: what two of them need lives here or in the module."""
 
 import argparse
+import contextlib
+import csv
+import dataclasses
 import functools
 import math
+import os
 import pathlib
 import sys
+import typing
 
+import docstring_parser
 import torch
 
 import annotated_transformer as at
@@ -26,14 +34,14 @@ def integer_at_least(minimum, what):
         except ValueError:
             value = None
         if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"must be a {what}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
         return value
 
     return parse
 
 
-positive_int = integer_at_least(1, "positive integer")
-non_negative_int = integer_at_least(0, "integer >= 0")
+positive_int = integer_at_least(1, "a positive integer")
+non_negative_int = integer_at_least(0, "an integer >= 0")
 
 
 def finite_number(inclusive, what):
@@ -45,14 +53,22 @@ def finite_number(inclusive, what):
         except ValueError:
             value = math.nan
         if not (value >= 0 if inclusive else value > 0) or value == math.inf:
-            raise argparse.ArgumentTypeError(f"must be a {what}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
         return value
 
     return parse
 
 
-positive_float = finite_number(inclusive=False, what="positive finite number")
-non_negative_float = finite_number(inclusive=True, what="finite number >= 0")
+positive_float = finite_number(inclusive=False, what="a positive finite number")
+non_negative_float = finite_number(inclusive=True, what="a finite number >= 0")
+
+
+def given_path(text):
+    """An argparse type for a file or folder; an empty path (which would mean the working
+    directory) is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must name a file or folder, got an empty path")
+    return pathlib.Path(text)
 
 
 def device(text):
@@ -98,3 +114,153 @@ def user_errors_exit_2(name):
         return guarded
 
     return decorate
+
+
+# ---- flags from the config dataclasses
+
+
+def field_help(cls):
+    """{field: help} from the "Attributes:" section of a dataclass's docstring, read by
+    docstring_parser (Google style: `name: what it is`, continued on indented lines)."""
+    parsed = docstring_parser.parse(cls.__doc__ or "")
+    return {
+        param.arg_name: " ".join(param.description.split())
+        for param in parsed.params
+        if param.args[0] == "attribute" and param.description
+    }
+
+
+def field_type(cls, name):
+    """The Python type of a dataclass field (int for `int | None`)."""
+    hint = typing.get_type_hints(cls)[name]
+    options = [t for t in typing.get_args(hint) if t is not type(None)]
+    return options[0] if options else hint
+
+
+def config_fields(classes=None):
+    """(field name, dataclass) for every field of the classes (default: TrainConfig and
+    ModelConfig, looked up when called), except the fields that hold another of them
+    (TrainConfig.model); a name in two classes would be one flag for both."""
+    classes = classes or (at.TrainConfig, at.ModelConfig)
+    found = [
+        (f.name, cls)
+        for cls in classes
+        for f in dataclasses.fields(cls)
+        if field_type(cls, f.name) not in classes
+    ]
+    names = [name for name, _ in found]
+    clashes = sorted({n for n in names if names.count(n) > 1})
+    if clashes:
+        raise RuntimeError(f"two config classes share the fields {clashes}: rename one")
+    return found
+
+
+def add_config_flags(parser, classes=None):
+    """One flag per config field (--d-model for d_model), its help from the class docstring,
+    default None (= keep the profile's value); booleans as --pre-norm / --no-pre-norm."""
+    classes = classes or (at.TrainConfig, at.ModelConfig)
+    group = parser.add_argument_group(
+        "recipe and model (each overrides the profile; names as in "
+        + " and ".join(cls.__name__ for cls in classes)
+        + ")"
+    )
+    helps = {cls: field_help(cls) for cls in classes}
+    for name, cls in config_fields(classes):
+        kind = field_type(cls, name)
+        flag = "--" + name.replace("_", "-")
+        where = f"{cls.__name__}.{name}"
+        text = f"{helps[cls][name]} ({where})" if name in helps[cls] else where
+        if kind is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, help=text)
+        else:
+            group.add_argument(flag, type=kind, metavar=kind.__name__.upper(), help=text)
+
+
+def given_changes(args, classes=None):
+    """{field: value} for every config flag given on the command line."""
+    return {
+        name: getattr(args, name)
+        for name, _ in config_fields(classes)
+        if getattr(args, name, None) is not None
+    }
+
+
+def command_for(config, profile="quick"):
+    """The train.py command that turns the profile into `config` (a TrainConfig): one flag
+    for each field that differs from the profile's."""
+    base, flags = at.PROFILES[profile], [f"--profile {profile}"]
+    for name, cls in config_fields():
+        owner, base_owner = (config.model, base.model) if cls is at.ModelConfig else (config, base)
+        value = getattr(owner, name)
+        if value != getattr(base_owner, name):
+            flag = name.replace("_", "-")
+            if isinstance(value, bool):  # not a dict lookup: 1 == True
+                flags.append(f"--{flag}" if value else f"--no-{flag}")
+            else:
+                flags.append(f"--{flag} {value}")
+    return "python code/train.py " + " ".join(flags)
+
+
+# ---- what the long-running scripts share
+
+
+def set_threads(threads):
+    """CPU threads for PyTorch and for the tokenizer (whose thread pool starts on first use
+    and reads RAYON_NUM_THREADS then)."""
+    os.environ["RAYON_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def log_to(path, echo=print):
+    """A log(message) function that appends each message to the file at `path` (nothing
+    when path is None) and passes it to `echo` (nothing when echo is None)."""
+    if path is not None:
+        pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(os.devnull if path is None else path, "a") as file:
+
+        def log(message):
+            if echo is not None:
+                echo(message)
+            print(message, file=file, flush=True)
+
+        yield log
+
+
+def read_csv(path):
+    """A CSV table's rows as dicts of strings; [] when there is no file yet."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        return []
+    with open(path, newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def write_csv(path, rows, columns):
+    """Write a CSV table through a temporary file and a rename, so that a crash never leaves
+    half a table and a reader never sees one."""
+    path = pathlib.Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+
+
+def tokenizers(pairs, folder=None):
+    """get(vocab_size): one BPE vocabulary per size, learned from `pairs` once and shared by
+    every run that uses it; with a folder, kept there as tokenizer-<size>.json, so that
+    several processes and later runs share it too."""
+    learned = {}
+
+    def get(vocab_size):
+        if vocab_size not in learned:
+            path = None if folder is None else pathlib.Path(folder) / f"tokenizer-{vocab_size}.json"
+            if path is not None and path.exists():
+                learned[vocab_size] = at.load_tokenizer(path)
+            else:
+                learned[vocab_size] = at.train_bpe(pairs, vocab_size, path)
+        return learned[vocab_size]
+
+    return get

@@ -4,10 +4,11 @@ average of the last checkpoints, sacreBLEU on Multi30k val and test2016.
     python code/evaluate.py --run runs/multi30k --out results/multi30k
     python code/evaluate.py --run runs/base --out results/base --device cuda
 
-Reads RUN/checkpoint-<step>.pt (the snapshots code/train.py keeps), RUN/checkpoint.pt and
-RUN/train.log, and never writes there; writes, in OUT (a folder of its own), averaged.pt
-(the averaged weights, stored in float16 unless --dtype float32: half the size, and the
-scores are those of the stored file, which load_checkpoint reads back into float32),
+Reads RUN/checkpoint-<step>.pt (the snapshots code/train.py keeps) and RUN/checkpoint.pt
+(the training time, the loss history, the validations), and never writes there; writes,
+in OUT (a folder of its own), averaged.pt (the averaged weights, stored in float16 unless
+--dtype float32: half the size, and the scores are those of the stored file, which
+load_checkpoint reads back into float32),
 evaluation.json (the table, sacreBLEU's signature, sample translations, steps, training
 time, hardware) and metrics.json (the training loss, averaged over every 10 steps, and the
 validations made during training). Only val should guide choices; test2016 is reported.
@@ -16,7 +17,6 @@ validations made during training). Only val should guide choices; test2016 is re
 import argparse
 import json
 import pathlib
-import re
 import sys
 
 import torch
@@ -29,9 +29,9 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--run", type=pathlib.Path, required=True, help="a train.py --out folder")
+    parser.add_argument("--run", type=cli.given_path, required=True, help="a train.py --out folder")
     parser.add_argument(
-        "--out", type=pathlib.Path, required=True, help="folder for the results (not the run's)"
+        "--out", type=cli.given_path, required=True, help="folder for the results (not the run's)"
     )
     parser.add_argument(
         "--average", type=cli.positive_int, default=5, help="snapshots to average (§6.1: 5)"
@@ -59,21 +59,6 @@ def parse_args(argv=None):
         "written by then (a run that kept them all, --keep-checkpoints)",
     )
     return parser.parse_args(argv)
-
-
-def training_seconds(log_path):
-    """Training time from train.log: the last 'step N: ..., S s' of each (resumed) segment;
-    None without a log (runs started from Python rather than code/train.py)."""
-    if not pathlib.Path(log_path).is_file():
-        return None
-    total, segment = 0.0, 0.0
-    for line in pathlib.Path(log_path).read_text().splitlines():
-        if line.startswith("training ") or line.startswith("resumed "):
-            total, segment = total + segment, 0.0
-        found = re.match(r"step \d+: .*, (\d+) s, checkpoint written", line)
-        if found:
-            segment = float(found.group(1))
-    return total + segment
 
 
 def smoothed_history(history, every=10):
@@ -105,7 +90,9 @@ def main(argv=None):
         snapshots, until = [path for path, _ in kept], kept[-1][1]
     cli.own_folder(args.out, args.run)
     with at.RunFolder(args.out, resume=True):
-        return evaluate(args, snapshots, until)
+        settings = ("average", "device", "batch_size", "limit", "dtype", "hardware")
+        evaluate(args.run, args.out, snapshots, until=until, **{k: vars(args)[k] for k in settings})
+    return 0
 
 
 def snapshots_within(snapshots, seconds):
@@ -127,44 +114,58 @@ def snapshots_within(snapshots, seconds):
     return kept
 
 
-def evaluate(args, snapshots, until=None):
-    averaged_path = args.out / "averaged.pt"
-    averaged = at.average_checkpoints(snapshots[-args.average :])
-    dtype = getattr(torch, args.dtype)
+def evaluate(
+    run,
+    out,
+    snapshots,
+    average=5,
+    device="cpu",
+    batch_size=64,
+    limit=None,
+    dtype="float16",
+    hardware=None,
+    until=None,
+):
+    """Score the training run in folder `run` into folder `out`: greedy and beam 4 on the
+    last of `snapshots` and on the average of the last `average` (stored as out/averaged.pt
+    in `dtype`), on the first `limit` sentences (all when None) of val and test2016.
+    `until`, the validation figures of a snapshot, describes the run as it stood then.
+    Writes out/evaluation.json and out/metrics.json."""
+    run, out = pathlib.Path(run), pathlib.Path(out)
+    averaged_path = out / "averaged.pt"
+    averaged = at.average_checkpoints(snapshots[-average:])
     averaged["model"] = {
-        name: tensor.to(dtype) if tensor.is_floating_point() else tensor
+        name: tensor.to(getattr(torch, dtype)) if tensor.is_floating_point() else tensor
         for name, tensor in averaged["model"].items()
     }
     at.save_checkpoint(averaged_path, averaged)
-    average = f"average of last {len(averaged['averaged_steps'])}"
-    sets = {split: at.load_multi30k(split)[: args.limit] for split in ("val", "test2016")}
+    label = f"average of last {len(averaged['averaged_steps'])}"
+    sets = {split: at.load_multi30k(split)[:limit] for split in ("val", "test2016")}
     rows, samples, signature = [], [], None
-    weights = (("last", snapshots[-1]), (average, averaged_path))
-    for label, path in weights:
-        model, tokenizer = at.load_checkpoint(path, args.device)
+    for weights, path in (("last", snapshots[-1]), (label, averaged_path)):
+        model, tokenizer = at.load_checkpoint(path, device)
         for split, pairs in sets.items():
             for beam_size in (1, 4):
-                scores = at.evaluate_bleu(model, tokenizer, pairs, beam_size, 0.6, args.batch_size)
+                scores = at.evaluate_bleu(model, tokenizer, pairs, beam_size, 0.6, batch_size)
                 signature = scores["signature"]
                 decoding = at.decoding_label(beam_size, 0.6)
                 rows.append(
                     {
                         "set": split,
                         "decoding": decoding,
-                        "weights": label,
+                        "weights": weights,
                         "sacreBLEU": scores["bleu"],
                         "lowercased BLEU": scores["bleu_lowercase"],
                     }
                 )
-                print(f"{split:9} {decoding:18} {label:18} {scores['bleu']:6.2f}", flush=True)
+                print(f"{split:9} {decoding:18} {weights:18} {scores['bleu']:6.2f}", flush=True)
                 if split == "test2016" and beam_size == 4 and path == averaged_path:
                     samples = [
                         {"source": s, "reference": t, "hypothesis": h}
                         for (s, t), h in zip(pairs[:10], scores["hypotheses"])
                     ]
-    state = at.read_checkpoint(args.run / "checkpoint.pt")
-    # checkpoints since format 2 keep the training time across resumes; older runs: the log
-    seconds = state.get("seconds") or training_seconds(args.run / "train.log")
+    state = at.read_checkpoint(run / "checkpoint.pt")
+    seconds = state["seconds"]  # training time, summed over resumes
     if until is not None:  # the run as it stood at its last snapshot within the hours
         seconds = until["seconds"]
         state = {
@@ -174,27 +175,26 @@ def evaluate(args, snapshots, until=None):
             "validations": [v for v in state.get("validations", []) if v["step"] <= until["step"]],
         }
     evaluation = {
-        "run": str(args.run),
+        "run": str(run),
         "config": state["config"],
         "steps": state["step"],
         "averaged_steps": averaged["averaged_steps"],
-        "train_hours": seconds and round(seconds / 3600, 2),
-        "train_seconds": seconds and round(seconds, 1),
-        "hardware": args.hardware or at.hardware_description(args.device),
+        "train_hours": round(seconds / 3600, 2),
+        "train_seconds": round(seconds, 1),
+        "hardware": hardware or at.hardware_description(device),
         "signature": signature,
         "sentences": {split: len(pairs) for split, pairs in sets.items()},
         "results": rows,
         "samples": samples,
     }
-    (args.out / "evaluation.json").write_text(json.dumps(evaluation, indent=1) + "\n")
+    at.write_json(out / "evaluation.json", evaluation)
     metrics = {
         "every": 10,
         "history": smoothed_history(state["history"]),
         "validation": state.get("validations", []),
     }
-    (args.out / "metrics.json").write_text(json.dumps(metrics) + "\n")
-    print(f"wrote {args.out / 'evaluation.json'} and {args.out / 'metrics.json'}")
-    return 0
+    (out / "metrics.json").write_text(json.dumps(metrics) + "\n")
+    print(f"wrote {out / 'evaluation.json'} and {out / 'metrics.json'}")
 
 
 if __name__ == "__main__":

@@ -21,19 +21,13 @@ evaluation is appended to OUT/trials.csv (and copied to --csv).
 """
 
 import argparse
-import csv
 import json
-import os
-import pathlib
 import shutil
 import sys
 import time
 
-import torch
-
 import annotated_transformer as at
 import cli
-import train as train_cli
 
 # where the search starts: a 3-layer model of width 256, Eq. (3) peaking near 1e-3
 START = at.apply_changes(
@@ -83,17 +77,9 @@ def folder_name(trial):
     return "".join(c if c.isalnum() else "-" for c in trial).strip("-")
 
 
-def tokenizer_for(out, pairs, vocab_size):
-    """One BPE vocabulary per size, learned once and shared by every trial that uses it."""
-    path = out / f"tokenizer-{vocab_size}.json"
-    if not path.exists():
-        at.train_bpe(pairs, vocab_size, path)
-    return at.load_tokenizer(path)
-
-
-def epoch_tokens(out, pairs, config):
+def epoch_tokens(pairs, tokenizer):
     """Target tokens in one pass over the training pairs, with this trial's vocabulary."""
-    corpus = at.EncodedCorpus.from_pairs(pairs, tokenizer_for(out, pairs, config.vocab_size))
+    corpus = at.EncodedCorpus.from_pairs(pairs, tokenizer)
     return corpus.target_tokens(range(len(corpus)))
 
 
@@ -102,15 +88,13 @@ def spent(folder):
     return json.loads(state.read_text()) if state.exists() else {"cpu_seconds": 0.0}
 
 
-def train_until(trial, config, budget, out, pairs, val_pairs, log):
-    """Train `trial` in chunks of eval_every steps until it has used `budget` CPU seconds;
-    returns the metrics of its last validation."""
-    folder = out / "trials" / folder_name(trial)
+def train_until(folder, config, budget, tokenizer, pairs, val_pairs, log):
+    """Train a trial into `folder` in chunks of eval_every steps until it has used `budget`
+    CPU seconds; returns the metrics of its last validation and the CPU seconds used."""
     state = spent(folder)
-    tokenizer = tokenizer_for(out, pairs, config.vocab_size)
     while state["cpu_seconds"] < budget:
         resume = (folder / "checkpoint.pt").exists()
-        step = torch.load(folder / "checkpoint.pt", weights_only=True)["step"] if resume else 0
+        step = at.read_checkpoint(folder / "checkpoint.pt")["step"] if resume else 0
         chunk = at.apply_changes(config, {"max_steps": step + config.eval_every})
         start = time.process_time()
         at.train(chunk, pairs, folder, tokenizer, val_pairs, resume=resume, log=log)
@@ -120,35 +104,29 @@ def train_until(trial, config, budget, out, pairs, val_pairs, log):
     return metrics, state["cpu_seconds"]
 
 
-def read_rows(path):
-    return list(csv.DictReader(open(path))) if path.exists() else []
-
-
 def record(row, path, extra_csv):
     """Add a row to the table, re-read first: several searches may share it (disjoint
     --trials, one thread each, on a machine with several cores)."""
     rows = [
-        r for r in read_rows(path) if (r["trial"], r["rung"]) != (row["trial"], str(row["rung"]))
+        r for r in cli.read_csv(path) if (r["trial"], r["rung"]) != (row["trial"], str(row["rung"]))
     ]
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows([*rows, row])
-    os.replace(tmp, path)
+    cli.write_csv(path, [*rows, row], COLUMNS)
     if extra_csv:
         extra_csv.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(path, extra_csv)
 
 
-@cli.user_errors_exit_2("recipe_search.py")
-def main(argv=None):
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", type=pathlib.Path, required=True, help="the search's folder")
-    parser.add_argument("--rungs", type=int, nargs="*", help="which rungs (default: all)")
-    parser.add_argument("--trials", nargs="*", help="a subset of TRIALS (default: all)")
+    parser.add_argument("--out", type=cli.given_path, required=True, help="the search's folder")
+    parser.add_argument(
+        "--rungs", type=cli.non_negative_int, nargs="*", help="which rungs (default: all)"
+    )
+    parser.add_argument(
+        "--trials", nargs="*", choices=list(TRIALS), help="a subset of TRIALS (default: all)"
+    )
     parser.add_argument(
         "--budgets",
         type=cli.positive_float,
@@ -156,64 +134,66 @@ def main(argv=None):
         help="CPU minutes per rung (default: %(default)s)",
     )
     parser.add_argument("--threads", type=cli.positive_int, default=1)
-    parser.add_argument("--csv", type=pathlib.Path, help="also copy the table here")
-    parser.add_argument("--data-dir", type=pathlib.Path)
-    args = parser.parse_args(argv)
-    os.environ["RAYON_NUM_THREADS"] = str(args.threads)
-    torch.set_num_threads(args.threads)
+    parser.add_argument("--csv", type=cli.given_path, help="also copy the table here")
+    parser.add_argument("--data-dir", type=cli.given_path)
+    return parser.parse_args(argv)
+
+
+@cli.user_errors_exit_2("recipe_search.py")
+def main(argv=None):
+    args = parse_args(argv)
+    cli.set_threads(args.threads)
     pairs = at.load_multi30k("train", data_dir=args.data_dir)
     val_pairs = at.load_multi30k("val", data_dir=args.data_dir)
-    args.out.mkdir(parents=True, exist_ok=True)
-    table = args.out / "trials.csv"
-    log_file = open(args.out / "search.log", "a")
-
-    def log(message):
-        print(message, file=log_file, flush=True)
-
-    alive = list(args.trials or TRIALS)
-    for rung, minutes in enumerate(args.budgets or BUDGETS_MINUTES):
-        if args.rungs is not None and rung not in args.rungs:
-            continue
-        scores = {}
-        for trial in alive:
-            config = at.apply_changes(START, TRIALS[trial])
-            done = [r for r in read_rows(table) if r["trial"] == trial and int(r["rung"]) == rung]
-            if not done:
-                wall = time.perf_counter()
-                metrics, cpu = train_until(
-                    trial, config, minutes * 60, args.out, pairs, val_pairs, log
-                )
-                last = metrics["validation"][-1]
-                model, _ = at.load_checkpoint(
-                    args.out / "trials" / folder_name(trial) / "checkpoint.pt"
-                )
-                done = [
-                    {
-                        "trial": trial,
-                        "rung": rung,
-                        "budget_min": f"{minutes:g}",  # 20, not 20.0
-                        "step": last["step"],
-                        "cpu_seconds": round(cpu, 1),
-                        "wall_seconds": round(time.perf_counter() - wall, 1),
-                        "tokens_seen": last["tokens_seen"],
-                        "epochs": round(
-                            last["tokens_seen"] / epoch_tokens(args.out, pairs, config), 2
-                        ),
-                        **{k: last[k] for k in ("val_loss", "val_ppl", "val_bleu")},
-                        "bleu_sentences": last["bleu_sentences"],
-                        "params": at.count_parameters(model),
-                        "changes": json.dumps(TRIALS[trial]),
-                        "command": train_cli.command_for(config),
-                        "hardware": at.hardware_description(),
-                    }
-                ]
-                record(done[0], table, args.csv)
-                log(f"rung {rung} {trial}: {done[0]}")
-            scores[trial] = (float(done[0]["val_bleu"]), -float(done[0]["val_loss"]))
-        keep = max(1, len(alive) // 3)
-        alive = sorted(alive, key=scores.get, reverse=True)[:keep]
-        log(f"rung {rung} done; promoted: {alive}")
+    tokenizer_for = cli.tokenizers(pairs, args.out)  # one vocabulary per size, on disk
+    with cli.log_to(args.out / "search.log", echo=None) as log:
+        alive = list(args.trials or TRIALS)
+        for rung, minutes in enumerate(args.budgets or BUDGETS_MINUTES):
+            if args.rungs is not None and rung not in args.rungs:
+                continue
+            scores = {}
+            for trial in alive:
+                row = rung_row(args, trial, rung, minutes, (pairs, val_pairs), tokenizer_for, log)
+                scores[trial] = (float(row["val_bleu"]), -float(row["val_loss"]))
+            alive = sorted(alive, key=scores.get, reverse=True)[: max(1, len(alive) // 3)]
+            log(f"rung {rung} done; promoted: {alive}")
     return 0
+
+
+def rung_row(args, trial, rung, minutes, data, tokenizer_for, log):
+    """The table's row of `trial` at `rung`: read back when the table has it, otherwise
+    trained to the rung's budget, scored and recorded."""
+    table = args.out / "trials.csv"
+    done = [r for r in cli.read_csv(table) if r["trial"] == trial and int(r["rung"]) == rung]
+    if done:
+        return done[0]
+    pairs, val_pairs = data
+    config = at.apply_changes(START, TRIALS[trial])
+    wall = time.perf_counter()
+    folder = args.out / "trials" / folder_name(trial)
+    tokenizer = tokenizer_for(config.vocab_size)
+    metrics, cpu = train_until(folder, config, minutes * 60, tokenizer, pairs, val_pairs, log)
+    last = metrics["validation"][-1]
+    model, _ = at.load_checkpoint(folder / "checkpoint.pt")
+    row = {
+        "trial": trial,
+        "rung": rung,
+        "budget_min": f"{minutes:g}",  # 20, not 20.0
+        "step": last["step"],
+        "cpu_seconds": round(cpu, 1),
+        "wall_seconds": round(time.perf_counter() - wall, 1),
+        "tokens_seen": last["tokens_seen"],
+        "epochs": round(last["tokens_seen"] / epoch_tokens(pairs, tokenizer), 2),
+        **{k: last[k] for k in ("val_loss", "val_ppl", "val_bleu")},
+        "bleu_sentences": last["bleu_sentences"],
+        "params": at.count_parameters(model),
+        "changes": json.dumps(TRIALS[trial]),
+        "command": cli.command_for(config),
+        "hardware": at.hardware_description(),
+    }
+    record(row, table, args.csv)
+    log(f"rung {rung} {trial}: {row}")
+    return row
 
 
 if __name__ == "__main__":

@@ -20,72 +20,14 @@ and OUT/train.log. Only rank 0 writes files. The data come from $MULTI30K_DIR (o
 """
 
 import argparse
-import dataclasses
-import inspect
 import os
-import pathlib
-import re
 import sys
-import typing
 
 import torch
 from tqdm import tqdm
 
 import annotated_transformer as at
 import cli
-
-
-def field_type(cls, name):
-    """The Python type of a dataclass field (int for `int | None`)."""
-    hint = typing.get_type_hints(cls)[name]
-    options = [t for t in typing.get_args(hint) if t is not type(None)]
-    return options[0] if options else hint
-
-
-def config_fields():
-    """(flag name, dataclass, field) for every TrainConfig and ModelConfig field."""
-    found = []
-    for cls in (at.TrainConfig, at.ModelConfig):
-        for f in dataclasses.fields(cls):
-            if f.name != "model":
-                found.append((f.name, cls, f))
-    names = [name for name, _, _ in found]
-    clashes = sorted({n for n in names if names.count(n) > 1})
-    if clashes:
-        raise RuntimeError(f"TrainConfig and ModelConfig both have {clashes}: rename one")
-    return found
-
-
-def field_comments(cls):
-    """The comment at the end of each field's line in the class's source, for --help."""
-    comments = {}
-    for line in inspect.getsource(cls).splitlines():
-        found = re.match(r"\s+(\w+): [^#]*#\s*(.+)$", line)
-        if found:
-            comments[found.group(1)] = found.group(2)
-    return comments
-
-
-def add_config_flags(parser):
-    """One flag per config field, default None (= keep the profile's value)."""
-    group = parser.add_argument_group(
-        "recipe and model (each overrides the profile; names as in TrainConfig and ModelConfig)"
-    )
-    comments = {cls: field_comments(cls) for cls in (at.TrainConfig, at.ModelConfig)}
-    for name, cls, _ in config_fields():
-        kind = field_type(cls, name)
-        flag = "--" + name.replace("_", "-")
-        where = f"{cls.__name__}.{name}"
-        if name in comments[cls]:
-            where = f"{comments[cls][name]} ({where})"
-        if kind is bool:
-            group.add_argument(
-                flag, action=argparse.BooleanOptionalAction, default=None, help=where
-            )
-        else:
-            group.add_argument(
-                flag, type=kind, default=None, metavar=kind.__name__.upper(), help=where
-            )
 
 
 def parse_args(argv=None):
@@ -100,10 +42,10 @@ def parse_args(argv=None):
         "minutes on a GPU); quick: a small model the chapters train live on a CPU; base: the "
         "paper's base model fitted to Multi30k, for a GPU; tiny: a toy for tests",
     )
-    parser.add_argument("--out", type=pathlib.Path, required=True, help="the run's folder")
+    parser.add_argument("--out", type=cli.given_path, required=True, help="the run's folder")
     parser.add_argument(
         "--data-dir",
-        type=pathlib.Path,
+        type=cli.given_path,
         default=None,
         help="local Multi30k copy (default: $MULTI30K_DIR, else download and cache)",
     )
@@ -122,40 +64,13 @@ def parse_args(argv=None):
         "--no-validation", action="store_true", help="skip validation during training"
     )
     cli.add_device_flag(parser)
-    add_config_flags(parser)
+    cli.add_config_flags(parser)
     return parser.parse_args(argv)
 
 
-def given_changes(args):
-    """{field: value} for every config flag given on the command line."""
-    return {
-        name: getattr(args, name)
-        for name, _, _ in config_fields()
-        if getattr(args, name) is not None
-    }
-
-
 def config_from_args(args):
-    """The profile with every flag that was given applied (apply_changes)."""
-    return at.apply_changes(at.PROFILES[args.profile], given_changes(args))
-
-
-def command_for(config, profile="quick"):
-    """The train.py flags that turn `profile` into `config` (the inverse of the above)."""
-    base, flags = at.PROFILES[profile], [f"--profile {profile}"]
-    for name, cls, _ in config_fields():
-        owner, base_owner = (config.model, base.model) if cls is at.ModelConfig else (config, base)
-        value = getattr(owner, name)
-        if value != getattr(base_owner, name):
-            flag = "--" + name.replace("_", "-")
-            flags.append(
-                flag
-                if value is True
-                else f"--no-{flag[2:]}"
-                if value is False
-                else f"{flag} {value}"
-            )
-    return "python code/train.py " + " ".join(flags)
+    """The profile with every config flag that was given applied (apply_changes)."""
+    return at.apply_changes(at.PROFILES[args.profile], cli.given_changes(args))
 
 
 def start_distributed(device):
@@ -178,14 +93,8 @@ def main(argv=None):
     val_pairs = None if args.no_validation else at.load_multi30k("val", data_dir=args.data_dir)
     device = start_distributed(args.device)
     rank, world = at.distributed_rank_and_size()
-    args.out.mkdir(parents=True, exist_ok=True)
-    log_file = open(args.out / "train.log", "a") if rank == 0 else open(os.devnull, "w")
-    with log_file:
-
-        def log(message):
-            tqdm.write(message)  # above the progress bar, not through it
-            print(message, file=log_file, flush=True)
-
+    # only rank 0 writes the log; tqdm.write puts a message above the progress bar
+    with cli.log_to(args.out / "train.log" if rank == 0 else None, echo=tqdm.write) as log:
         if rank == 0:
             log(
                 f"training {args.profile} on {len(pairs)} pairs, {world} process(es) of "

@@ -27,19 +27,14 @@ skipped, so an interrupted sweep continues where it stopped.
 """
 
 import argparse
-import csv
-import os
-import pathlib
+import itertools
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, replace
 
-import torch
-
 import annotated_transformer as at
 import cli
-import train as train_cli
 
 
 @dataclass(frozen=True)
@@ -47,6 +42,7 @@ class Scale:
     """A base configuration, each Table 3 row's change at that size (by the paper's label;
     rows missing here are not run), and how the runs are scored."""
 
+    name: str
     base: at.TrainConfig
     rows: dict
     beam_size: int
@@ -86,33 +82,24 @@ CPU_ROWS = {
 
 SCALES = {
     "cpu": Scale(
-        base=replace(
-            at.PROFILES["multi30k"],
-            max_steps=2000,
-            checkpoint_every=2000,
-            keep_checkpoints=1,
-        ),
+        name="cpu",
+        base=replace(at.PROFILES["multi30k"], max_steps=2000),
         rows=CPU_ROWS,
         beam_size=1,
         bleu_sentences=None,
         note="CPU scale: the multi30k recipe for 2000 steps, about 27 minutes of one core",
     ),
     "gpu": Scale(
-        base=replace(at.PROFILES["base"], keep_checkpoints=1),
+        name="gpu",
+        base=at.PROFILES["base"],
         rows={row.label: row.changes for row in at.TABLE3_ROWS},
         beam_size=4,
         bleu_sentences=None,
         note="GPU scale: the paper's base model and rows, on Multi30k",
     ),
     "tiny": Scale(
-        base=replace(
-            at.PROFILES["tiny"],
-            vocab_size=300,
-            max_tokens=300,
-            max_steps=20,
-            checkpoint_every=20,
-            keep_checkpoints=1,
-        ),
+        name="tiny",
+        base=replace(at.PROFILES["tiny"], vocab_size=300, max_tokens=300, max_steps=20),
         rows=CPU_ROWS,
         beam_size=1,
         bleu_sentences=16,
@@ -176,25 +163,16 @@ def group_of(label):
 
 
 def run_variant(
-    label,
-    changes,
-    base,
-    train_pairs,
-    val_pairs,
-    device="cpu",
-    beam_size=1,
-    bleu_sentences=None,
-    scale="cpu",
-    log=print,
-    tokenizer=None,
+    label, changes, base, train_pairs, val_pairs, scale, device="cpu", log=print, tokenizer=None
 ):
     """Train one Table 3 variant, the TrainConfig `base` with `changes` applied
-    (at.apply_changes), from scratch (at.train, in a temporary folder) and score it on val
-    pairs: validation_perplexity on all of them, sacreBLEU on the first
-    bleu_sentences (all when None), decoding greedily (beam_size=1) or with beam search.
-    Returns the run's CSV row as a dict with the keys of COLUMNS."""
+    (at.apply_changes), from scratch (at.train, in a temporary folder, with `tokenizer` or
+    one learned from the pairs) and score it on val pairs as `scale` says:
+    validation_perplexity on all of them, sacreBLEU on the first scale.bleu_sentences (all
+    when None), decoding greedily (scale.beam_size 1) or with beam search. Returns the
+    run's CSV row as a dict with the keys of COLUMNS."""
     config = at.apply_changes(base, changes)
-    log(f"{label} (seed {config.seed}): {train_cli.command_for(config)}")
+    log(f"{label} (seed {config.seed}): {cli.command_for(config)}")
     cpu_start, wall_start = time.process_time(), time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         model, tokenizer, _ = at.train(
@@ -203,8 +181,8 @@ def run_variant(
     train_seconds = time.perf_counter() - wall_start
     model.eval()
     ppl = at.validation_perplexity(model, at.encode_pairs(val_pairs, tokenizer), config.max_tokens)
-    scored = val_pairs if bleu_sentences is None else val_pairs[:bleu_sentences]
-    bleu = at.evaluate_bleu(model, tokenizer, scored, beam_size=beam_size)["bleu"]
+    scored = val_pairs[: scale.bleu_sentences]
+    bleu = at.evaluate_bleu(model, tokenizer, scored, beam_size=scale.beam_size)["bleu"]
     m = config.model
     row = {
         "row": label,
@@ -224,7 +202,7 @@ def run_variant(
         "val_ppl": round(ppl, 2),
         "val_bleu": bleu,
         "bleu_sentences": len(scored),
-        "decoding": at.decoding_label(beam_size),
+        "decoding": at.decoding_label(scale.beam_size),
         "steps": config.max_steps,
         "max_tokens": config.max_tokens,
         "vocab_size": config.vocab_size,
@@ -234,7 +212,7 @@ def run_variant(
         "train_seconds": round(train_seconds, 1),
         "cpu_seconds": round(time.process_time() - cpu_start, 1),
         "hardware": at.hardware_description(device),
-        "scale": scale,
+        "scale": scale.name,
     }
     log(
         f"{label}: {row['params']:,} parameters, val PPL {row['val_ppl']}, "
@@ -242,23 +220,6 @@ def run_variant(
         f"{row['cpu_seconds']} s CPU in all"
     )
     return row
-
-
-def read_rows(path):
-    if not path.exists():
-        return []
-    with open(path, newline="") as file:
-        return list(csv.DictReader(file))
-
-
-def write_rows(path, rows):
-    """Write the CSV through a temporary file, so a crash never leaves half a table."""
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, path)
 
 
 def selected_rows(scale, wanted):
@@ -280,7 +241,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", type=pathlib.Path, required=True, help="folder for the CSV")
+    parser.add_argument("--out", type=cli.given_path, required=True, help="folder for the CSV")
     parser.add_argument("--scale", choices=sorted(SCALES), default="cpu", help="see above")
     parser.add_argument("--rows", nargs="*", default=[], help="labels or groups (default: all)")
     parser.add_argument(
@@ -303,80 +264,63 @@ def parse_args(argv=None):
         default=1,
         help="CPU threads for PyTorch and the tokenizer",
     )
-    parser.add_argument("--data-dir", type=pathlib.Path, help="local Multi30k copy")
-    train_cli.add_config_flags(parser)  # every TrainConfig/ModelConfig field, on the base
+    parser.add_argument("--data-dir", type=cli.given_path, help="local Multi30k copy")
+    cli.add_config_flags(parser)  # every TrainConfig/ModelConfig field, on the base
     return parser.parse_args(argv)
 
 
 @cli.user_errors_exit_2("variations.py")
 def main(argv=None):
     args = parse_args(argv)
-    # the tokenizer's thread pool starts on first use and reads this then
-    os.environ["RAYON_NUM_THREADS"] = str(args.threads)
-    torch.set_num_threads(args.threads)
+    cli.set_threads(args.threads)
     scale = SCALES[args.scale]
-    try:
-        labels = selected_rows(scale, args.rows)
-        base = at.apply_changes(scale.base, train_cli.given_changes(args))
-        base = replace(base, checkpoint_every=base.max_steps)
-        train_pairs = at.load_multi30k("train", data_dir=args.data_dir)
-        val_pairs = at.load_multi30k("val", data_dir=args.data_dir)
-    except (ValueError, at.DatasetError) as error:
-        print(f"variations.py: {error}", file=sys.stderr)
-        return 2
-    if args.train_pairs:
-        train_pairs = train_pairs[: args.train_pairs]
-    beam_size = args.beam_size or scale.beam_size
-    bleu_sentences = args.bleu_sentences or scale.bleu_sentences
-    args.out.mkdir(parents=True, exist_ok=True)
-    csv_path, log_path = args.out / "variations.csv", args.out / "variations.log"
-    rows = read_rows(csv_path)
-    tokenizers = {}  # one BPE vocabulary per size, shared by every row that uses it
-    with open(log_path, "a") as log_file:
-
-        def log(message):
-            print(message, flush=True)
-            print(message, file=log_file, flush=True)
-
+    labels = selected_rows(scale, args.rows)
+    base = at.apply_changes(scale.base, cli.given_changes(args))
+    # one checkpoint, at the end: a variant is trained once, from scratch, in a temporary folder
+    base = replace(base, checkpoint_every=base.max_steps, keep_checkpoints=1)
+    train_pairs = at.load_multi30k("train", data_dir=args.data_dir)[: args.train_pairs]
+    val_pairs = at.load_multi30k("val", data_dir=args.data_dir)
+    scale = replace(
+        scale,
+        beam_size=args.beam_size or scale.beam_size,
+        bleu_sentences=args.bleu_sentences or scale.bleu_sentences,
+    )
+    csv_path = args.out / "variations.csv"
+    rows = cli.read_csv(csv_path)
+    tokenizer_for = cli.tokenizers(train_pairs)  # one vocabulary per size, in memory
+    with cli.log_to(args.out / "variations.log") as log:
         log(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {args.scale} scale ({scale.note}); {base}")
-        for label in labels:
-            for seed in args.seeds:
-                config = at.apply_changes(replace(base, seed=seed), scale.rows[label])
-                planned = {
-                    "row": label,
-                    "changes": describe(scale.rows[label]),
-                    "seed": str(seed),
-                    "steps": str(config.max_steps),
-                    "max_tokens": str(config.max_tokens),
-                    "vocab_size": str(config.vocab_size),
-                    "warmup_steps": str(config.warmup_steps),
-                    "lr_factor": str(config.lr_factor),
-                    "scale": args.scale,
-                    "decoding": at.decoding_label(beam_size),
-                    "train_pairs": str(len(train_pairs)),
-                }
-                # rows written before train_pairs was recorded trained on all pairs
-                done = ({**r, "train_pairs": r.get("train_pairs") or "29000"} for r in rows)
-                if any(all(r[k] == planned[k] for k in IDENTITY) for r in done):
-                    log(f"{label} (seed {seed}): already in {csv_path}, skipped")
-                    continue
-                if config.vocab_size not in tokenizers:
-                    tokenizers[config.vocab_size] = at.train_bpe(train_pairs, config.vocab_size)
-                row = run_variant(
-                    label,
-                    scale.rows[label],
-                    replace(base, seed=seed),
-                    train_pairs,
-                    val_pairs,
-                    args.device,
-                    beam_size,
-                    bleu_sentences,
-                    args.scale,
-                    log,
-                    tokenizers[config.vocab_size],
-                )
-                rows.append({k: str(v) for k, v in row.items()})
-                write_rows(csv_path, rows)
+        for label, seed in itertools.product(labels, args.seeds):
+            config = at.apply_changes(replace(base, seed=seed), scale.rows[label])
+            planned = {
+                "row": label,
+                "changes": describe(scale.rows[label]),
+                "seed": seed,
+                "steps": config.max_steps,
+                "max_tokens": config.max_tokens,
+                "vocab_size": config.vocab_size,
+                "warmup_steps": config.warmup_steps,
+                "lr_factor": config.lr_factor,
+                "scale": args.scale,
+                "decoding": at.decoding_label(scale.beam_size),
+                "train_pairs": len(train_pairs),
+            }
+            if any(all(r[k] == str(planned[k]) for k in IDENTITY) for r in rows):
+                log(f"{label} (seed {seed}): already in {csv_path}, skipped")
+                continue
+            row = run_variant(
+                label,
+                scale.rows[label],
+                replace(base, seed=seed),
+                train_pairs,
+                val_pairs,
+                scale,
+                args.device,
+                log,
+                tokenizer_for(config.vocab_size),
+            )
+            rows.append({k: str(v) for k, v in row.items()})
+            cli.write_csv(csv_path, rows, COLUMNS)
     return 0
 
 

@@ -26,10 +26,11 @@ def records():
     model = at.make_model(vocab, vocab, N=2, d_model=32, d_ff=64, h=4, share_embeddings=True)
     sources = [tokenizer.encode(s).ids + [at.EOS_ID] for s in SENTENCES]
     model.eval()
-    # an untrained model rarely ends by itself: 8 tokens at most keep the test fast
-    targets = attention_maps.translate_ids(model, sources, max_len=8)
-    extracted = attention_maps.extract(model, tokenizer, SENTENCES, max_len=8)
-    return model, tokenizer, sources, targets, extracted
+    # greedy: an untrained model rarely ends by itself, and a beam to input length + 50
+    # would make the test slow
+    translations = at.translate(model, tokenizer, SENTENCES, beam_size=1)
+    extracted = attention_maps.extract(model, tokenizer, SENTENCES, beam_size=1)
+    return model, tokenizer, sources, translations, extracted
 
 
 def test_shapes_match_the_token_counts(records):
@@ -73,9 +74,11 @@ def test_decoder_self_attention_is_lower_triangular(records):
 
 
 def test_decoder_input_is_the_models_own_translation_shifted_right(records):
-    _, _, _, targets, extracted = records
-    for record, target in zip(extracted, targets):
-        assert record["target_ids"] == target
+    _, tokenizer, sources, translations, extracted = records
+    for record, source, translation in zip(extracted, sources, translations):
+        assert record["translation"] == translation and record["source_ids"] == source
+        assert record["target_ids"] == tokenizer.encode(translation).ids + [at.EOS_ID]
+        assert record["target_input"][0] == "<s>"
         assert record["target_input"][1:] == record["target_output"][:-1]
 
 
@@ -223,6 +226,9 @@ def test_attention_grid_draws_every_layer_and_head():
     titles = [ax.get_title() for ax in fig.axes if ax.axison]
     assert titles == [f"layer 3, head {h}" for h in (1, 2, 3, 4)]
     assert len(fig.axes) == 4 and fig.axes[1].get_position().x0 > fig.axes[0].get_position().x1
+    # one layer's heads (h, seq_q, seq_k), as chapter 3.2.2 draws them: panels named by head
+    fig = plots.attention_grid(torch.rand(3, 4, 5).softmax(-1), list("abcd"), list("vwxyz"), "")
+    assert [ax.get_title() for ax in fig.axes if ax.axison] == ["head 1", "head 2", "head 3"]
 
 
 def test_attention_lines_draw_one_line_per_weight_above_threshold():

@@ -137,7 +137,9 @@ def test_the_baseline_masks_padding_and_the_future():
 
 
 def test_bf16_peaks_by_device_name():
-    assert isinstance(benchmark.BF16_PEAK_FLOPS, dict)  # the performance page reads it
+    # a more precise name comes before the name it contains ("H100 PCIe" before "H100")
+    for name, peak in benchmark.BF16_PEAK_FLOPS.items():
+        assert benchmark.bf16_peak_flops(f"NVIDIA {name}") == peak, name
     assert benchmark.bf16_peak_flops("NVIDIA H100 80GB HBM3") == 989e12
     assert benchmark.bf16_peak_flops("NVIDIA H100 PCIe") == 756e12
     assert benchmark.bf16_peak_flops("NVIDIA H200") == 989e12
@@ -195,10 +197,19 @@ def test_a_bad_flag_exits_2_naming_it(argv, flag, capsys):
     assert f"argument {flag}" in capsys.readouterr().err
 
 
+def test_an_output_folder_that_cannot_be_made_exits_2_before_measuring(tmp_path, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    out = tmp_path / "file" / "results.json"
+    assert benchmark.main(["--quick", "--out", str(out)], log=print) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("benchmark.py: ") and "File exists" in captured.err
+    assert captured.out == ""  # nothing was measured
+
+
 def test_quick_run_writes_json_with_every_row_and_ratio(tmp_path, capsys):
     out = tmp_path / "results" / "quick.json"
     torch.set_num_threads(2)
-    benchmark.main(["--quick", "--threads", "1", "--out", str(out)], log=lambda _: None)
+    assert benchmark.main(["--quick", "--threads", "1", "--out", str(out)], log=print) == 0
     assert torch.get_num_threads() == 2  # main() restores the thread count it changed
     results = json.loads(out.read_text())
     assert results["schema"] == benchmark.SCHEMA

@@ -53,7 +53,16 @@ def test_every_trial_runs_then_the_best_quarter_goes_on_and_only_val_is_read(tmp
     assert rows_of(tmp_path / "trials.csv") == rows
 
 
-def test_bad_budgets_are_refused(tmp_path, tiny_search, capsys):
-    with pytest.raises(SystemExit):
-        recipe_search.main(["--out", str(tmp_path), "--budgets", "0"])
-    assert "must be a positive finite number" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--budgets", "0"], "--budgets: must be a positive finite number"),
+        (["--trials", "a", "z"], "--trials: invalid choice: 'z'"),
+        (["--rungs", "-1"], "--rungs: must be an integer >= 0"),
+    ],
+)
+def test_bad_flags_exit_2_naming_them(flags, message, tmp_path, tiny_search, capsys):
+    # parse_args, not main: were a check missing, main would start a search of many minutes
+    with pytest.raises(SystemExit) as stop:
+        recipe_search.parse_args(["--out", str(tmp_path), *flags])
+    assert stop.value.code == 2 and message in capsys.readouterr().err

@@ -4,6 +4,7 @@ CPU, and the command line that trains them (code/variations.py)."""
 import csv
 import dataclasses
 import math
+import pathlib
 
 import pytest
 import torch
@@ -225,12 +226,60 @@ def test_command_line_refuses_an_unknown_row(tmp_path, toy_data, capsys):
 
 
 def test_the_logged_train_py_command_rebuilds_the_variant():
+    import cli
     import train
 
     config = at.apply_changes(variations.SCALES["cpu"].base, {"h": 1, "d_k": 256, "d_v": 256})
-    command = train.command_for(config)
+    command = cli.command_for(config)
     assert command.startswith("python code/train.py --profile quick")
     for flag in ("--h 1", "--d-k 256", "--d-v 256", "--N 3", "--vocab-size 5000"):
         assert flag in command
     args = train.parse_args(["--out", "x", *command.split()[2:]])
     assert train.config_from_args(args) == config
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--train-pairs", "0"], "--train-pairs: must be a positive integer"),  # not "all"
+        (["--seeds", "0", "-1"], "--seeds: must be an integer >= 0"),
+    ],
+)
+def test_bad_counts_are_refused_while_parsing(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        variations.parse_args(["--out", "o", *argv])
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_run_on_a_subset_of_the_pairs_is_not_reused_for_a_bigger_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(at, "load_multi30k", lambda split, data_dir=None: toy_pairs(40))
+    flags = ["--out", str(tmp_path), "--scale", "tiny", "--max-steps", "2", "--rows", "base"]
+    flags += ["--vocab-size", "60", "--seeds", "0", "--device", "cpu"]
+    assert variations.main([*flags, "--train-pairs", "20"]) == 0
+    assert variations.main([*flags, "--train-pairs", "30"]) == 0
+    assert variations.main([*flags, "--train-pairs", "30"]) == 0  # this one is done
+    with open(tmp_path / "variations.csv", newline="") as file:
+        assert [r["train_pairs"] for r in csv.DictReader(file)] == ["20", "30"]
+
+
+def test_the_shipped_table_has_every_column_that_identifies_a_run():
+    # a finished run is recognised by these columns, so every stored row must carry them
+    path = pathlib.Path(__file__).parent.parent / "results" / "table3" / "variations.csv"
+    with open(path, newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert rows and set(variations.IDENTITY) <= set(rows[0])
+    empty = [(r["row"], k) for r in rows for k in variations.IDENTITY if not r[k]]
+    assert set(empty) <= {("base", "changes")}  # the base row changes nothing
+    assert {r["train_pairs"] for r in rows} == {"29000"}  # trained on all of Multi30k train
+
+
+def test_the_charts_take_their_series_labels_and_title_from_the_caller():
+    import plots
+
+    series = ("the paper's rows", "rows of a run")
+    changes = plots.table3_changes(["(A)", "(B)"], [1.0, -2.0], [3.0, 4.0], series, title="t")
+    sizes = plots.ppl_vs_params(["base", "(B)"], [1, 2], [3, 2], [1, 3], [5, 4], series, "u")
+    for fig, title in ((changes, "t"), (sizes, "u")):
+        ax = fig.axes[0]
+        assert [text.get_text() for text in ax.get_legend().get_texts()] == list(series)
+        assert ax.get_title() == title

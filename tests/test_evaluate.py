@@ -1,0 +1,115 @@
+"""code/evaluate.py: the table of §6.1 for a training run (greedy and beam search, last and
+averaged weights), written into a folder of its own; user errors end as exit code 2."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+import annotated_transformer as at
+import evaluate
+from toy import TINY, quiet, toy_pairs
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("run")
+    at.train(TINY, toy_pairs(), folder, log=quiet)
+    return folder
+
+
+@pytest.fixture
+def short_outputs(monkeypatch):
+    """Toy data, and outputs of at most 5 tokens: a 6-step model rarely ends a sentence."""
+    monkeypatch.setattr(at, "load_multi30k", lambda split, data_dir=None: toy_pairs(8, seed=2))
+    capped = lambda src_mask, max_len=None: torch.full((src_mask.size(0),), 5)  # noqa: E731
+    monkeypatch.setattr(at, "output_limits", capped)
+
+
+@pytest.mark.parametrize("flag", ["--average", "--batch-size", "--limit"])
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_evaluate_refuses_zero_negative_or_non_integer_counts(flag, value, capsys):
+    with pytest.raises(SystemExit) as stop:
+        evaluate.parse_args(["--run", "r", "--out", "o", flag, value])
+    assert stop.value.code == 2
+    assert f"{flag}: must be a positive integer" in capsys.readouterr().err
+
+
+def test_evaluate_refuses_to_write_into_the_training_run(tiny_run, capsys):
+    before = {p.name: p.read_bytes() for p in tiny_run.iterdir()}
+    assert evaluate.main(["--run", str(tiny_run), "--out", str(tiny_run)]) == 2
+    assert "is a training run's folder" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in tiny_run.iterdir()} == before
+
+
+def test_evaluate_of_a_folder_without_snapshots_says_so(tmp_path, capsys):
+    assert evaluate.main(["--run", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert "no checkpoint-<step>.pt in" in capsys.readouterr().err
+
+
+def test_evaluate_command_line_writes_the_table(tiny_run, tmp_path, short_outputs):
+    assert evaluate.main(["--run", str(tiny_run), "--out", str(tmp_path), "--average", "2"]) == 0
+    evaluation = json.loads((tmp_path / "evaluation.json").read_text())
+    assert evaluation["steps"] == 6 and evaluation["averaged_steps"] == [3, 6]
+    seconds = torch.load(tiny_run / "checkpoint.pt", weights_only=True)["seconds"]
+    assert evaluation["train_hours"] == round(seconds / 3600, 2)  # kept by the checkpoint
+    assert evaluation["train_seconds"] == round(seconds, 1)
+    assert len(evaluation["results"]) == 8  # 2 weights x 2 sets x 2 decodings
+    assert {r["decoding"] for r in evaluation["results"]} == {"greedy", "beam 4, alpha 0.6"}
+    assert len(evaluation["samples"]) == 8
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["history"][0]["step"] == 6  # one window of 10 steps, ending at step 6
+    assert (tmp_path / "averaged.pt").exists() and not (tiny_run / "averaged.pt").exists()
+    # the averaged weights are stored in float16, and load back into a float32 model
+    stored = at.read_checkpoint(tmp_path / "averaged.pt")["model"]
+    assert {t.dtype for t in stored.values() if t.is_floating_point()} == {torch.float16}
+    snapshots = [at.read_checkpoint(p)["model"] for p in at.snapshot_paths(tiny_run)[-2:]]
+    model, _ = at.load_checkpoint(tmp_path / "averaged.pt")
+    for name, tensor in model.state_dict().items():
+        # the mean of the two snapshots in float64, rounded to float16 once
+        mean = (snapshots[0][name].double() + snapshots[1][name].double()) / 2
+        expected = mean.to(tensor.dtype).half().float() if tensor.is_floating_point() else mean
+        assert tensor.dtype == snapshots[0][name].dtype
+        assert torch.equal(tensor.double(), expected.double()), name
+
+
+def test_evaluate_takes_its_settings_as_parameters(tiny_run, tmp_path, short_outputs):
+    snapshots = at.snapshot_paths(tiny_run)
+    evaluate.evaluate(tiny_run, tmp_path, snapshots, average=1, limit=3, dtype="float32")
+    evaluation = json.loads((tmp_path / "evaluation.json").read_text())
+    assert evaluation["averaged_steps"] == [6] and evaluation["sentences"] == {
+        "val": 3,
+        "test2016": 3,
+    }
+    stored = at.read_checkpoint(tmp_path / "averaged.pt")["model"]
+    last = at.read_checkpoint(snapshots[-1])["model"]
+    assert all(torch.equal(stored[name], last[name]) for name in last)  # float32: unchanged
+
+
+def test_evaluate_within_hours_scores_the_run_as_it_stood_then(tmp_path, short_outputs):
+    # a run that validates at every snapshot, so each records its training time
+    config = dataclasses.replace(TINY, eval_every=3, bleu_sentences=2)
+    folder = tmp_path / "run"
+    at.train(config, toy_pairs(), folder, val_pairs=toy_pairs(4, seed=3), log=quiet)
+    # the tiny run takes well under a second: give its snapshots the training times of a
+    # long one, half an hour and two hours, so that one hour falls between them
+    for path, seconds in zip(at.snapshot_paths(folder), (1800.0, 7200.0)):
+        payload = at.read_checkpoint(path)
+        payload["validation"]["seconds"] = seconds
+        at.save_checkpoint(path, payload)
+    out = tmp_path / "early"
+    assert evaluate.main(["--run", str(folder), "--out", str(out), "--within-hours", "1"]) == 0
+    evaluation = json.loads((out / "evaluation.json").read_text())
+    assert evaluation["steps"] == 3 and evaluation["averaged_steps"] == [3]
+    assert evaluation["train_seconds"] == 1800.0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [v["step"] for v in metrics["validation"]] == [3]
+    assert max(h["step"] for h in metrics["history"]) <= 3
+
+
+def test_evaluate_within_hours_refuses_snapshots_without_training_time(tiny_run, tmp_path, capsys):
+    # tiny_run was trained without validation pairs
+    flags = ["--run", str(tiny_run), "--out", str(tmp_path / "o"), "--within-hours", "1"]
+    assert evaluate.main(flags) == 2
+    assert "records no training time" in capsys.readouterr().err

@@ -1,0 +1,234 @@
+"""code/train.py and what the scripts share in code/cli.py: flags from the config
+dataclasses (help from their docstrings), user errors as one line and exit code 2, results
+tables and shared tokenizers. What the module checks is tested with the module; here, only
+what the command line itself does."""
+
+import dataclasses
+import errno
+import re
+
+import pytest
+import torch
+
+import annotated_transformer as at
+import cli
+import train
+from toy import toy_pairs
+
+TINY_FLAGS = ["--N", "1", "--d-model", "32", "--d-ff", "64", "--h", "2", "--vocab-size", "200"]
+TINY_FLAGS += ["--max-tokens", "200", "--warmup-steps", "10", "--device", "cpu"]
+
+
+@pytest.fixture
+def toy_data(monkeypatch):
+    monkeypatch.setattr(at, "load_multi30k", lambda split, data_dir=None: toy_pairs())
+
+
+def exits_2_with_one_line(capsys, call, argv):
+    """call(argv) either returns 2 naming the problem in one line on stderr, "train.py: ..."
+    (a progress bar may share the line's start), or stops argparse's way (SystemExit 2,
+    usage and one line "...: error: ..."); no traceback. Returns that line from its marker."""
+    try:
+        code = call(argv)
+    except SystemExit as stop:
+        code = stop.code
+    err = capsys.readouterr().err
+    found = [re.search(r"(train\.py|error): .*", line) for line in err.splitlines()]
+    found = [match.group(0) for match in found if match]
+    assert code == 2 and "Traceback" not in err and len(found) == 1, err
+    return found[0]
+
+
+# ---- flags from the dataclasses ------------------------------------------------------------
+
+
+def test_every_config_field_is_a_flag_that_parses():
+    given = {bool: [], int: ["3"], float: ["0.25"], str: ["learned"]}
+    parsed = {bool: True, int: 3, float: 0.25, str: "learned"}
+    names = set()
+    for field in dataclasses.fields(at.TrainConfig) + dataclasses.fields(at.ModelConfig):
+        if field.name == "model":
+            continue
+        kind = int if field.type == int | None else field.type  # d_k, d_v: None = d_model / h
+        flag = "--" + field.name.replace("_", "-")
+        args = train.parse_args(["--out", "x", flag, *given[kind]])
+        assert getattr(args, field.name) == parsed[kind], field.name
+        names.add(field.name)
+    assert {"attention_dropout", "relu_dropout", "pre_norm", "weight_decay", "eval_every"} <= names
+
+
+def test_booleans_have_a_yes_and_a_no_form_and_unset_flags_keep_the_profile():
+    args = train.parse_args(["--out", "x", "--no-pre-norm", "--share-embeddings"])
+    assert args.pre_norm is False and args.share_embeddings is True
+    assert args.dropout is None and args.max_steps is None
+    assert train.config_from_args(train.parse_args(["--out", "x"])) == at.PROFILES["multi30k"]
+
+
+def test_a_field_documented_in_its_class_docstring_becomes_a_flag_with_that_help(
+    monkeypatch, capsys
+):
+    @dataclasses.dataclass(frozen=True)
+    class Extended(at.TrainConfig):
+        """A made-up recipe with one more field.
+
+        Attributes:
+            gradient_clip: largest norm of the
+                gradient before an update
+        """
+
+        gradient_clip: float = 0.0
+
+    monkeypatch.setattr(at, "TrainConfig", Extended)
+    assert train.parse_args(["--out", "x", "--gradient-clip", "1.5"]).gradient_clip == 1.5
+    with pytest.raises(SystemExit):
+        train.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps long help
+    assert "--gradient-clip FLOAT largest norm of the gradient before an update" in text
+    assert "(Extended.gradient_clip)" in text
+
+
+def test_every_train_and_model_config_field_has_help():
+    for cls in (at.TrainConfig, at.ModelConfig):
+        helps = cli.field_help(cls)
+        for field in dataclasses.fields(cls):
+            if field.name != "model":
+                assert helps.get(field.name, "").strip(), f"{cls.__name__}.{field.name}"
+
+
+def test_flags_override_the_profile_and_the_logged_command_round_trips():
+    argv = ["--out", "x", "--d-model", "128", "--pre-norm", "--lr-factor", "0.5", "--h", "8"]
+    config = train.config_from_args(train.parse_args([*argv, "--N", "1"]))
+    profile = at.PROFILES["multi30k"]  # the default profile
+    changed = dict(d_model=128, pre_norm=True, h=8, N=1)  # N=1: a flag with a value, not --N
+    assert config.model == dataclasses.replace(profile.model, **changed)
+    assert config == dataclasses.replace(profile, model=config.model, lr_factor=0.5)
+    command = cli.command_for(config)
+    assert command.startswith("python code/train.py --profile quick ")
+    assert "--pre-norm" in command.split() and "--d-model 128" in command
+    assert train.config_from_args(train.parse_args(["--out", "x", *command.split()[2:]])) == config
+
+
+# ---- the command line: exit 2 with one line, files written ----------------------------------
+
+
+def test_command_line_trains_and_resumes(tmp_path, toy_data):
+    flags = ["--out", str(tmp_path), *TINY_FLAGS]
+    assert train.main([*flags, "--max-steps", "4"]) == 0
+    assert train.main([*flags, "--max-steps", "6", "--resume"]) == 0
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 6
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"checkpoint.pt", "tokenizer.json", "metrics.json", "train.log"} <= names
+    log = (tmp_path / "train.log").read_text().splitlines()
+    assert sum(line.startswith("training multi30k on 60 pairs") for line in log) == 2
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--lr-factor", "nan"], "train.py: lr_factor must be a positive finite number, got nan"),
+        (["--d-model", "255"], "train.py: d_model=255 is not divisible by h=8"),
+    ],
+)
+def test_a_value_the_configs_refuse_exits_2_with_one_line_before_any_file(
+    flags, message, tmp_path, toy_data, capsys
+):
+    line = exits_2_with_one_line(capsys, train.main, ["--out", str(tmp_path / "run"), *flags])
+    assert line.startswith(message)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--out", ""], "--out: must name a file or folder, got an empty path"),
+        (["--out", "x", "--max-steps", "many"], "--max-steps: invalid int value: 'many'"),
+        (["--out", "x", "--pre-norm", "yes"], "unrecognized arguments: yes"),
+    ],
+)
+def test_a_bad_flag_exits_2_naming_it(argv, message, capsys):
+    # parse_args, not main: were a check missing, main would start a long run
+    assert message in exits_2_with_one_line(capsys, train.parse_args, argv)
+
+
+def test_cuda_without_a_gpu_is_refused_while_parsing(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    line = exits_2_with_one_line(capsys, train.parse_args, ["--out", "x", "--device", "cuda"])
+    assert "--device" in line and "no GPU" in line
+
+
+def test_train_into_an_unwritable_folder_exits_2_with_the_reason(tmp_path, toy_data, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    line = exits_2_with_one_line(capsys, train.main, ["--out", str(tmp_path / "file" / "run")])
+    assert line.startswith("train.py: ") and "Not a directory" in line
+
+
+def test_a_full_disk_during_a_save_exits_2_and_keeps_the_last_checkpoint(
+    tmp_path, toy_data, capsys, monkeypatch
+):
+    flags = ["--out", str(tmp_path), *TINY_FLAGS, "--checkpoint-every", "3", "--no-validation"]
+    assert train.main([*flags, "--max-steps", "3"]) == 0
+    before = (tmp_path / "checkpoint.pt").read_bytes()
+
+    def full(payload, file):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(at.torch, "save", full)
+    line = exits_2_with_one_line(capsys, train.main, [*flags, "--max-steps", "6", "--resume"])
+    assert "No space left on device" in line
+    assert (tmp_path / "checkpoint.pt").read_bytes() == before
+    assert not list(tmp_path.glob("*.tmp")) and not (tmp_path / ".lock").exists()
+
+
+def test_command_line_reports_missing_data(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("MULTI30K_DIR", raising=False)
+    argv = ["--out", str(tmp_path / "run"), "--data-dir", str(tmp_path / "nowhere")]
+    assert "MULTI30K_DIR" in exits_2_with_one_line(capsys, train.main, argv)
+
+
+# ---- tables, logs and tokenizers the scripts share -----------------------------------------
+
+
+def test_a_results_table_is_written_whole_and_read_back_as_strings(tmp_path, monkeypatch):
+    path = tmp_path / "table.csv"
+    assert cli.read_csv(path) == []
+    cli.write_csv(path, [{"row": "base", "ppl": 4.5}], ["row", "ppl"])
+    assert path.read_bytes() == b"row,ppl\r\nbase,4.5\r\n"
+    assert cli.read_csv(path) == [{"row": "base", "ppl": "4.5"}]
+
+    def crash(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cli.os, "replace", crash)
+    with pytest.raises(OSError):
+        cli.write_csv(path, [{"row": "other", "ppl": 1}], ["row", "ppl"])
+    assert cli.read_csv(path) == [{"row": "base", "ppl": "4.5"}]  # the old table, whole
+
+
+def test_the_log_appends_to_its_file_and_echoes(tmp_path):
+    echoed = []
+    for message in ("first", "second"):
+        with cli.log_to(tmp_path / "logs" / "run.log", echo=echoed.append) as log:
+            log(message)
+    assert (tmp_path / "logs" / "run.log").read_text() == "first\nsecond\n"
+    assert echoed == ["first", "second"]
+    with cli.log_to(None, echo=None) as log:
+        log("nowhere")  # rank > 0 of a distributed run: no file, no output
+
+
+def test_one_tokenizer_per_vocabulary_size_is_learned_once(tmp_path, monkeypatch):
+    learned = []
+    original = at.train_bpe
+
+    def counting(pairs, vocab_size, path=None):
+        learned.append(vocab_size)
+        return original(pairs, vocab_size, path)
+
+    monkeypatch.setattr(at, "train_bpe", counting)
+    get = cli.tokenizers(toy_pairs(), tmp_path)
+    first = get(40)
+    assert get(40) is first and get(50).get_vocab_size() == 50 and learned == [40, 50]
+    assert (tmp_path / "tokenizer-40.json").exists()
+    # another process (a second search sharing the folder) reads the file, learns nothing
+    again = cli.tokenizers(toy_pairs(), tmp_path)(40)
+    assert again.get_vocab() == first.get_vocab() and learned == [40, 50]
+    assert cli.tokenizers(toy_pairs())(40).get_vocab() == first.get_vocab()  # in memory only
