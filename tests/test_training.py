@@ -50,10 +50,10 @@ def test_token_batches_respect_the_budget_and_cover_every_pair_once():
 
 
 def test_a_pair_longer_than_the_budget_gets_a_batch_of_its_own():
-    # budget 8: (3, 4) and (2, 2) fit together (2 x 4 = 8 tokens a side); (9, 2) does not fit
-    # with anything, so it is alone, over the budget rather than dropped
-    batches = at.batch_by_tokens([(3, 4), (9, 2), (2, 2)], max_tokens=8, shuffle=False)
-    assert batches == [[2, 0], [1]]
+    # budget 8: (2, 2) and (3, 4) fit together (2 x 4 = 8 tokens a side); (1, 9), the
+    # shortest source and so sorted first, fits with nothing: alone, over budget, not dropped
+    batches = at.batch_by_tokens([(3, 4), (1, 9), (2, 2)], max_tokens=8, shuffle=False)
+    assert batches == [[1], [2, 0]]
 
 
 # ---- schedule and optimizer -------------------------------------------------------------
