@@ -802,8 +802,7 @@ class TrainConfig:
     Attributes:
         model: the architecture (a ModelConfig, chapter 3.6)
         vocab_size: size of the BPE vocabulary shared by both languages (§5.1: about 37000)
-        max_tokens: source and target tokens per batch (§5.1: about 25000 each in the paper),
-            padding included, summed over all processes
+        max_tokens: source and target tokens per batch (§5.1: about 25000 each in the paper)
         warmup_steps: steps of linear warm-up in Eq. (3) (§5.3: 4000)
         lr_factor: a factor on the learning rate of Eq. (3) (the paper: 1)
         weight_decay: decoupled weight decay of AdamW (the paper: 0, which is Adam)
@@ -812,8 +811,7 @@ class TrainConfig:
         max_steps: updates to train for (§5.2: 100000 for the base model)
         checkpoint_every: save a checkpoint every this many steps
         keep_checkpoints: weight snapshots kept for averaging (§6.1 averages the last 5)
-        eval_every: validation loss and BLEU every this many steps, when validation pairs
-            are given
+        eval_every: validation loss and BLEU every this many steps (given validation pairs)
         bleu_sentences: how many validation pairs (the first ones) are translated for BLEU
         log_every: read the loss from the device and log it every this many steps
     """
