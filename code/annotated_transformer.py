@@ -1919,7 +1919,8 @@ def resume_or_start(setup, payload):
     state = RunState.new(setup.config, setup.tokenizer.get_vocab_size(), setup.device, setup.amp)
     if payload is not None:
         for name in ("model", "optimizer", "scheduler", "scaler"):
-            getattr(state, name).load_state_dict(payload[name])
+            if payload[name]:  # a float32 run's scaler saved nothing: fp16 may take over
+                getattr(state, name).load_state_dict(payload[name])
         for name in ("step", "epoch", "position", "tokens_seen", "seconds", "history"):
             setattr(state, name, payload[name])
         state.validation = payload["validation"]

@@ -290,6 +290,13 @@ def test_resuming_with_another_configuration_or_format_is_refused(tmp_path):
                  log=quiet)  # fmt: skip
 
 
+def test_a_float32_run_can_be_resumed_in_float16(tmp_path):
+    at.train(TINY, toy_pairs(), tmp_path, log=quiet)  # its gradient scaler saved nothing
+    more = dataclasses.replace(TINY, max_steps=8)
+    _, _, history = at.train(more, toy_pairs(), tmp_path, resume=True, log=quiet, amp="fp16")
+    assert [h["step"] for h in history] == list(range(1, 9))
+
+
 def test_a_new_run_never_overwrites_an_earlier_one(tmp_path):
     at.train(TINY, toy_pairs(), tmp_path, log=quiet)
     before = (tmp_path / "checkpoint.pt").read_bytes()
