@@ -1662,12 +1662,13 @@ def read_checkpoint(path):
         payload = torch.load(path, map_location="cpu", weights_only=True)
         complete = isinstance(payload, dict) and {"config", "model", "tokenizer"} <= payload.keys()
         problem = None if complete else "it holds no config, model and tokenizer"
-    except Exception as error:
-        problem = f"{type(error).__name__}: {error}"
+    except Exception as error:  # torch's messages can fill a page: keep the first sentence
+        first = str(error).partition("\n")[0].partition(". ")[0]
+        problem = type(error).__name__ + (f": {first}" if first else "")
     if problem:
         raise ValueError(
-            f"{path} cannot be read as a checkpoint written by train ({problem}); the file is "
-            f"damaged or not a checkpoint: use another snapshot of the run"
+            f"{path} cannot be read as a checkpoint ({problem}): it is damaged or not a "
+            f"checkpoint written by train; use another snapshot of the run"
         )
     return payload
 

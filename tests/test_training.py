@@ -510,7 +510,7 @@ def test_a_damaged_checkpoint_is_reported_with_its_path(tmp_path, content):
     at.train(TINY, toy_pairs(), tmp_path, log=quiet)
     path = tmp_path / "checkpoint.pt"
     path.write_bytes(content)
-    message = f"{path} cannot be read as a checkpoint written by train"
+    message = f"{path} cannot be read as a checkpoint .*not a checkpoint written by train"
     with pytest.raises(ValueError, match=message):
         at.read_checkpoint(path)
     with pytest.raises(ValueError, match=message):
