@@ -2041,8 +2041,11 @@ def train(
     one of AMP_CHOICES; resume=True continues out_dir/checkpoint.pt exactly. Under
     torchrun, each process trains on its share of every update (DistributedDataParallel)
     and only rank 0 writes files and logs."""
-    if not str(out_dir).strip():
-        raise ValueError("out_dir is empty: pass the folder the run is written to, e.g. runs/quick")
+    if str(out_dir).strip() in ("", "."):  # pathlib.Path("") is "." too
+        raise ValueError(
+            f"out_dir={str(out_dir)!r} is the working directory: pass a folder of the run's "
+            f"own, e.g. runs/quick"
+        )
     if not train_pairs:
         raise ValueError("train_pairs is empty: pass (source, target) sentence pairs")
     check_device(device)

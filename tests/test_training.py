@@ -533,8 +533,8 @@ def test_training_on_no_pairs_is_refused(tmp_path):
 
 def test_an_empty_out_dir_is_refused_before_anything_is_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # an empty path would otherwise mean the working directory
-    for empty in ("", "  "):
-        with pytest.raises(ValueError, match="out_dir is empty: pass the folder"):
+    for empty in ("", "  ", ".", pathlib.Path("")):
+        with pytest.raises(ValueError, match="is the working directory: pass a folder"):
             at.train(TINY, toy_pairs(), empty, log=quiet)
     assert not any(tmp_path.iterdir())
 
