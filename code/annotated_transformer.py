@@ -1904,8 +1904,9 @@ def save_progress(state, setup):
         save_checkpoint(out / f"checkpoint-{state.step:07d}.pt", weights)
         for old in snapshot_paths(out)[: -config.keep_checkpoints]:
             old.unlink()
-        counters = ("epoch", "position", "tokens_seen", "seconds", "history", "validation")
+        counters = ("epoch", "position", "tokens_seen", "seconds", "history")
         resumable = {name: getattr(state, name) for name in counters}
+        resumable["validations"] = state.validation  # "validation": this step's, above
         for name in ("optimizer", "scheduler", "scaler"):
             resumable[name] = getattr(state, name).state_dict()
         save_checkpoint(out / "checkpoint.pt", {**weights, **resumable, "rng": rng})
@@ -1924,7 +1925,7 @@ def resume_or_start(setup, payload):
                 getattr(state, name).load_state_dict(payload[name])
         for name in ("step", "epoch", "position", "tokens_seen", "seconds", "history"):
             setattr(state, name, payload[name])
-        state.validation = payload["validation"]
+        state.validation = payload["validations"]
         restore_rng_state(payload["rng"], setup.rank, setup.world, setup.device)
         if setup.rank == 0:
             setup.log(f"resumed from {setup.out / 'checkpoint.pt'} at step {state.step}")

@@ -461,6 +461,9 @@ def test_validation_during_training_is_logged_and_stored_with_snapshots(tmp_path
     assert metrics["validation"][1]["tokens_seen"] == sum(h["tokens"] for h in metrics["history"])
     snapshot = torch.load(tmp_path / "checkpoint-0000006.pt", weights_only=True)
     assert snapshot["validation"] == metrics["validation"][1]
+    checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert checkpoint["validation"] == metrics["validation"][1]  # the last step's figures
+    assert checkpoint["validations"] == metrics["validation"]  # and all of them
     assert all("nll" in h for h in metrics["history"])
 
 
