@@ -1840,22 +1840,17 @@ def validation_loss(model, corpus, max_tokens=4000):
     return total.item() / corpus.target_tokens(range(len(corpus)))
 
 
-def validation_bleu(model, tokenizer, pairs):
-    """sacreBLEU of greedy translations of (source, reference) pairs, mode restored."""
+def validate(model, corpus, pairs, tokenizer):
+    """The validation figures logged during training and stored with each snapshot: the
+    loss over the whole corpus and BLEU of greedy translations of `pairs`, mode restored."""
     model = unwrap(model)
-    training = model.training
+    training, loss = model.training, validation_loss(model, corpus)
     hypotheses = translate(model, tokenizer, [src for src, _ in pairs], beam_size=1)
     model.train(training)
-    return sacrebleu.corpus_bleu(hypotheses, [[ref for _, ref in pairs]]).score
-
-
-def validate(model, corpus, pairs, tokenizer):
-    """The validation figures logged during training and stored with each snapshot."""
-    loss = validation_loss(model, corpus)
     return {
         "val_loss": round(loss, 4),
         "val_ppl": round(math.exp(loss), 2),
-        "val_bleu": round(validation_bleu(model, tokenizer, pairs), 2),
+        "val_bleu": round(sacrebleu.corpus_bleu(hypotheses, [[r for _, r in pairs]]).score, 2),
         "bleu_sentences": len(pairs),
     }
 
