@@ -642,133 +642,11 @@ def count_parameters(model):
 # 5 Training, from chapters/05_training.ipynb
 # --------------------------------------------------------------------------------------
 
-import contextlib
-import dataclasses
-import gzip
-import hashlib
-import json
-import os
-import pathlib
-import shutil
-import socket
-import tempfile
-import time
-import typing
-import urllib.error
-import urllib.request
-import warnings
-from dataclasses import field
-
-import sacrebleu
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from tqdm import tqdm
-
-
-MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
-MULTI30K_SPLITS = {"train": "train", "val": "val", "test2016": "test_2016_flickr"}
-# SHA-256 of the gzip files as published; a download or local copy that differs is refused
-MULTI30K_SHA256 = {
-    "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
-    "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
-    "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
-    "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
-    "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
-    "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
-}
-
-
-class DatasetError(RuntimeError):
-    """A data file is missing, corrupt or cannot be downloaded; the message says what to do."""
-
-
-def sha256_of(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def default_cache_dir():
-    """Where downloads go: $XDG_CACHE_HOME (or ~/.cache)/annotated-transformer/multi30k."""
-    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
-    return pathlib.Path(base) / "annotated-transformer" / "multi30k"
-
-
-def download(url, path, sha256):
-    """Fetch url to path, verified: the bytes go to a temporary file in the same folder,
-    renamed into place only once their checksum matches."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(
-        dir=path.parent, prefix=path.name, suffix=".part", delete=False
-    ) as part:
-        try:
-            with urllib.request.urlopen(url, timeout=60) as response:
-                shutil.copyfileobj(response, part)
-        except (urllib.error.URLError, OSError) as error:
-            os.unlink(part.name)
-            raise DatasetError(
-                f"could not download {url} ({error}); without network access, point the "
-                f"loader at a local copy: set MULTI30K_DIR or pass data_dir"
-            ) from error
-    actual = sha256_of(part.name)
-    if actual != sha256:
-        os.unlink(part.name)
-        raise DatasetError(
-            f"the download of {url} has SHA-256 {actual}, expected {sha256}; it was discarded. "
-            f"Try again, or use a verified local copy (MULTI30K_DIR or data_dir)"
-        )
-    os.replace(part.name, path)
-    return path
-
-
-def multi30k_file(filename, data_dir=None, base_url=MULTI30K_URL):
-    """The verified path of one Multi30k file: from data_dir (or $MULTI30K_DIR) when given,
-    otherwise from the cache, downloading it there first if needed."""
-    expected = MULTI30K_SHA256[filename]
-    local = data_dir or os.environ.get("MULTI30K_DIR")
-    if local:
-        path = pathlib.Path(local) / filename
-        if not path.is_file():
-            raise DatasetError(
-                f"{path} does not exist: the local Multi30k copy (data_dir or MULTI30K_DIR="
-                f"{local}) must hold {filename}; download it from {base_url}{filename}"
-            )
-        if sha256_of(path) != expected:
-            raise DatasetError(
-                f"{path} has the wrong SHA-256 (expected {expected}): the file is corrupt or "
-                f"not the published one; replace it with {base_url}{filename}"
-            )
-        return path
-    path = default_cache_dir() / filename
-    if path.is_file() and sha256_of(path) == expected:
-        return path
-    return download(base_url + filename, path, expected)
-
-
-def load_multi30k(split, src_lang="de", tgt_lang="en", data_dir=None, base_url=MULTI30K_URL):
-    """§5.1 on Multi30k: the aligned (source, target) sentence pairs of one split
-    (train: 29000, val: 1014, test2016: 1000), each file verified against its SHA-256."""
-    if split not in MULTI30K_SPLITS:
-        raise ValueError(f"split must be one of {sorted(MULTI30K_SPLITS)}, got {split!r}")
-    for name, lang in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
-        if lang not in ("de", "en"):
-            raise ValueError(f"{name} must be 'de' or 'en', got {lang!r}")
-    sides = []
-    for lang in (src_lang, tgt_lang):
-        path = multi30k_file(f"{MULTI30K_SPLITS[split]}.{lang}.gz", data_dir, base_url)
-        with gzip.open(path, "rt", encoding="utf-8") as file:
-            sides.append([line.rstrip("\n") for line in file])
-    if len(sides[0]) != len(sides[1]):
-        raise DatasetError(
-            f"{split}: {len(sides[0])} {src_lang} lines but {len(sides[1])} {tgt_lang} lines"
-        )
-    return list(zip(*sides))
-
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]  # ids 0, 1, 2, 3 in this order
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
 
 
 def train_bpe(pairs, vocab_size=8000, path=None):
@@ -797,9 +675,6 @@ def train_bpe(pairs, vocab_size=8000, path=None):
 
 def load_tokenizer(path):
     return Tokenizer.from_file(str(path))
-
-
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
 
 
 def encode_pairs(pairs, tokenizer):
@@ -841,30 +716,21 @@ class Batch:
 
     @classmethod
     def from_ids(cls, pairs, pad_id=PAD_ID):
-        """Pad a list of (source ids, target ids) into one Batch."""
-        if not pairs:
-            raise ValueError("Batch.from_ids needs at least one (source ids, target ids) pair")
+        """Pad a non-empty list of (source ids, target ids) into one Batch."""
         src, tgt = (pad_ids([pair[side] for pair in pairs], pad_id) for side in (0, 1))
         return cls.from_tensors(src, tgt, sum(len(t) - 1 for _, t in pairs), pad_id)
 
     def to(self, device):
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return Batch(
-            **{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in fields.items()}
-        )
+        tensors = (self.src, self.tgt_in, self.tgt_y, self.src_mask, self.tgt_mask)
+        return Batch(*(t.to(device) for t in tensors), self.ntokens)
 
 
 def batch_by_tokens(lengths, max_tokens, seed=0, shuffle=True):
     """§5.1: "Sentence pairs were batched together by approximate sequence length."
     lengths: (source length, target length) per pair. Returns lists of pair indices whose
-    padded source and padded target each hold at most max_tokens tokens. Pairs are sorted
-    by length (ties broken at random by `seed`), cut greedily, and the batches shuffled."""
-    longest = max(max(s, t) for s, t in lengths)
-    if max_tokens < longest:
-        raise ValueError(
-            f"max_tokens={max_tokens} is smaller than the longest sentence ({longest} "
-            f"tokens); raise max_tokens to at least {longest}"
-        )
+    padded source and padded target each hold at most max_tokens tokens (a pair longer than
+    that gets a batch of its own). Pairs are sorted by length (ties broken at random by
+    `seed`), cut greedily, and the batches shuffled."""
     generator = torch.Generator().manual_seed(seed)
     jitter = torch.rand(len(lengths), generator=generator).tolist()
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i][0], lengths[i][1], jitter[i]))
@@ -899,8 +765,6 @@ class EncodedCorpus:
     with each pair's (source length, target length). batch(indices) cuts a Batch from them."""
 
     def __init__(self, data, pad_id=PAD_ID):
-        if not data:
-            raise ValueError("EncodedCorpus needs at least one (source ids, target ids) pair")
         self.lengths = [(len(s), len(t)) for s, t in data]
         self.pad_id = pad_id
         self.src, self.tgt = (pad_ids([pair[side] for pair in data], pad_id) for side in (0, 1))
@@ -932,56 +796,74 @@ class EncodedCorpus:
         return Batch.from_tensors(*sides, self.target_tokens(indices), self.pad_id)
 
 
+import dataclasses
+
+RUN_LENGTH_FIELDS = tuple(
+    "max_steps checkpoint_every keep_checkpoints eval_every bleu_sentences log_every".split()
+)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    """A training run besides its data: the architecture (`model`) and the recipe of §5.
-    The fields in RUN_LENGTH_FIELDS only say how long to run and what to save, validate
-    and log, so a run may be resumed with other values; every other field must match."""
+    """A training run besides its data: the architecture and the recipe of §5. The fields in
+    RUN_LENGTH_FIELDS may change when a run is resumed; every other field must match.
+
+    Attributes:
+        model: the architecture (a ModelConfig, chapter 3.6)
+        vocab_size: size of the BPE vocabulary shared by both languages (§5.1: about 37000)
+        max_tokens: source and target tokens per batch (§5.1: about 25000 each in the paper)
+        warmup_steps: steps of linear warm-up in Eq. (3) (§5.3: 4000)
+        lr_factor: a factor on the learning rate of Eq. (3) (the paper: 1)
+        weight_decay: decoupled weight decay of AdamW (the paper: 0, which is Adam)
+        smoothing: label smoothing epsilon_ls (§5.4: 0.1)
+        seed: seeds the initial weights, the batch order and dropout
+        max_steps: updates to train for (§5.2: 100000 for the base model)
+        checkpoint_every: save a checkpoint every this many steps
+        keep_checkpoints: weight snapshots kept for averaging (§6.1 averages the last 5)
+        eval_every: validation loss and BLEU every this many steps (given validation pairs)
+        bleu_sentences: how many validation pairs (the first ones) are translated for BLEU
+        log_every: read the loss from the device and log it every this many steps
+    """
 
     model: ModelConfig = replace(SMALL, share_embeddings=True)
-    vocab_size: int = 8000  # shared BPE vocabulary (§5.1)
-    max_tokens: int = 2000  # per update and side, padding included, all processes (§5.1)
-    warmup_steps: int = 4000  # Eq. (3) (§5.3)
-    lr_factor: float = 1.0  # multiplies Eq. (3)
-    weight_decay: float = 0.0  # decoupled (AdamW); 0 in the paper
-    smoothing: float = 0.1  # epsilon_ls (§5.4)
+    vocab_size: int = 8000
+    max_tokens: int = 2000
+    warmup_steps: int = 4000
+    lr_factor: float = 1.0
+    weight_decay: float = 0.0
+    smoothing: float = 0.1
     seed: int = 0
     max_steps: int = 1000
     checkpoint_every: int = 500
-    keep_checkpoints: int = 5  # weight snapshots kept for averaging (§6.1)
-    eval_every: int = 500  # validation loss and BLEU, when validation pairs are given
-    bleu_sentences: int = 200  # the first this many validation pairs are translated
-    log_every: int = 10  # how often the loss is read from the device
+    keep_checkpoints: int = 5
+    eval_every: int = 500
+    bleu_sentences: int = 200
+    log_every: int = 10
 
     def __post_init__(self):
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.type is int and (not isinstance(value, int) or isinstance(value, bool)):
-                raise ValueError(f"{f.name} must be an integer, got {value!r}")
-            if f.type is int and f.name != "seed" and value <= 0:
-                raise ValueError(f"{f.name} must be a positive integer, got {value!r}")
-        if not (isinstance(self.lr_factor, int | float) and 0 < self.lr_factor < math.inf):
-            raise ValueError(f"lr_factor must be a positive finite number, got {self.lr_factor!r}")
-        for name in ("smoothing", "weight_decay"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+        def number(v):
+            return isinstance(v, int | float) and not isinstance(v, bool)
+
+        rules = {
+            f.name: ("a positive integer", lambda v: type(v) is int and v > 0)
+            for f in dataclasses.fields(self)
+            if f.type is int
+        }
+        rules["seed"] = ("an integer >= 0", lambda v: type(v) is int and v >= 0)
+        rules["lr_factor"] = ("a positive finite number", lambda v: number(v) and 0 < v < math.inf)
+        in_0_1 = ("in [0, 1)", lambda v: number(v) and 0 <= v < 1)
+        rules["weight_decay"] = rules["smoothing"] = in_0_1
+        for name, (rule, holds) in rules.items():
+            if not holds(getattr(self, name)):
+                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
 
     def identity(self):
         """The fields a checkpoint must agree on to be resumed."""
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in RUN_LENGTH_FIELDS}
 
 
-RUN_LENGTH_FIELDS = (
-    "max_steps",
-    "checkpoint_every",
-    "keep_checkpoints",
-    "eval_every",
-    "bleu_sentences",
-    "log_every",
-)
 MULTI30K_STEPS = 8000  # where the chosen recipe's long run stopped
 PROFILES = {
-    # a one-layer toy for tests and smoke runs: it trains in seconds and learns nothing useful
     "tiny": TrainConfig(
         model=ModelConfig(N=1, d_model=32, d_ff=64, h=2, share_embeddings=True),
         vocab_size=200,
@@ -990,10 +872,7 @@ PROFILES = {
         max_steps=6,
         checkpoint_every=3,
     ),
-    # a 2-layer model that learns something from Multi30k in a few minutes on 2 CPU cores
     "quick": TrainConfig(warmup_steps=200, max_steps=300, checkpoint_every=100, eval_every=100),
-    # the recipe chosen on Multi30k's validation set (chapter 6.1): 3 layers of width 256,
-    # 2 hours on one CPU core; a GPU runs the same steps unchanged in minutes
     "multi30k": TrainConfig(
         model=replace(SMALL, N=3, h=8, d_ff=512, share_embeddings=True),
         vocab_size=5000,
@@ -1006,10 +885,8 @@ PROFILES = {
         eval_every=250,
         bleu_sentences=500,
     ),
-    # the paper's base model fitted to Multi30k: multi30k's vocabulary, regularisation and
-    # run length in tokens, in batches four times larger for one GPU. Run on one H100
-    # (results/base-gpu): with multi30k's warm-up in tokens (100 steps, a peak rate of 1e-3)
-    # the 6-layer post-LN stack never learned; 400 steps (a peak of 5e-4) train it
+    # batches 4x multi30k's for one GPU; multi30k's warm-up in tokens (100 steps, a peak
+    # of 1e-3) never trained the 6-layer post-LN stack (results/base-gpu), 400 steps did
     "base": TrainConfig(
         model=replace(BASE, share_embeddings=True),
         vocab_size=5000,
@@ -1050,18 +927,14 @@ def apply_changes(config, changes):
 def rate(step, model_size, factor=1.0, warmup=4000):
     """Eq. (3): lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5), scaled by
     `factor`; step 0 counts as step 1 (the formula is undefined at 0)."""
-    for name, value in (("model_size", model_size), ("warmup", warmup)):
-        if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if not 0 < factor < math.inf:
-        raise ValueError(f"factor must be a positive finite number, got {factor!r}")
     step = max(step, 1)
     return factor * model_size**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
 def make_optimizer(model, d_model, factor=1.0, warmup=4000, weight_decay=0.0):
-    """§5.3: Adam(β1 = 0.9, β2 = 0.98, ε = 1e-9) with the learning rate of Eq. (3).
-    The scheduler's k-th step (k = 0, 1, ...) sets the rate of update k + 1."""
+    """§5.3: AdamW(β1 = 0.9, β2 = 0.98, ε = 1e-9) with the learning rate of Eq. (3); with
+    weight_decay=0 (the paper's) it is Adam. The scheduler's k-th step (k = 0, 1, ...)
+    sets the rate of update k + 1. Returns (optimizer, scheduler)."""
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, weight_decay=weight_decay
     )
@@ -1079,12 +952,6 @@ class LabelSmoothing(nn.Module):
 
     def __init__(self, size, padding_idx, smoothing=0.0):
         super().__init__()
-        if not isinstance(size, int) or size < 2:
-            raise ValueError(f"size (the vocabulary) must be an integer >= 2, got {size!r}")
-        if not 0 <= padding_idx < size:
-            raise ValueError(f"padding_idx must be in [0, size={size}), got {padding_idx!r}")
-        if not 0.0 <= smoothing < 1.0:
-            raise ValueError(f"smoothing must be in [0, 1), got {smoothing!r}")
         self.size, self.padding_idx, self.smoothing = size, padding_idx, smoothing
 
     def target_distribution(self, target, dtype=torch.float32):
@@ -1112,20 +979,7 @@ def label_smoothed_loss(logits, target, smoothing, pad_id=PAD_ID):
     )
 
 
-AMP_CHOICES = ("auto", "bf16", "fp16", "off")
-
-
-def autocast_dtype(amp, device):
-    """The autocast dtype that `amp` means on `device` (None: float32 throughout)."""
-    if amp is None or amp == "off":
-        return None
-    if amp not in AMP_CHOICES:
-        raise ValueError(f"amp must be one of {', '.join(AMP_CHOICES)}, got {amp!r}")
-    if amp == "auto":
-        if torch.device(device).type != "cuda":
-            return None
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if amp == "bf16" else torch.float16
+import contextlib
 
 
 def unwrap(model):
@@ -1149,11 +1003,11 @@ def forward_loss(model, batch, smoothing):
 def train_step(
     model, batch, optimizer, scheduler, scaler, smoothing, ntokens=None, amp=None, loss_fn=None
 ):
-    """One update (§5.3). ntokens: the target tokens the update averages over, the batch's
-    own by default (under DistributedDataParallel: all ranks' divided by their number, as
-    DDP averages gradients). amp: an autocast dtype or None; loss_fn: forward_loss or a
-    compiled copy of it. Returns [loss, nll] summed over the batch, on the device: reading
-    it waits for the device, so the caller reads it rarely."""
+    """One update (§5.3): the loss averaged over `ntokens` target tokens (the batch's own by
+    default), backward, the optimizer's and the schedule's step. amp: an autocast dtype or
+    None; scaler: a torch.amp.GradScaler (disabled unless amp is float16); loss_fn:
+    forward_loss or a compiled copy of it. Returns [loss, nll] summed over the batch, on
+    the device."""
     precision = torch.autocast(batch.src.device.type, amp) if amp else contextlib.nullcontext()
     with precision:
         loss, nll = (loss_fn or forward_loss)(model, batch, smoothing)
@@ -1165,476 +1019,26 @@ def train_step(
     return torch.stack([loss.detach(), nll])
 
 
-def validation_loss(model, corpus, max_tokens=4000):
-    """Cross-entropy per real target token, without smoothing, over an EncodedCorpus;
-    math.exp of it is the perplexity. The model's train/eval mode is restored."""
-    model = unwrap(model)
-    device = next(model.parameters()).device
-    longest = max(max(pair) for pair in corpus.lengths)
-    batches = batch_by_tokens(corpus.lengths, max(max_tokens, longest), shuffle=False)
-    training, total = model.training, torch.zeros((), device=device)
-    model.eval()
-    with torch.no_grad():
-        for indices in batches:
-            total += forward_loss(model, corpus.batch(indices, device), 0.0)[1]
-    model.train(training)
-    return total.item() / corpus.target_tokens(range(len(corpus)))
-
-
-def validation_bleu(model, tokenizer, pairs):
-    """sacreBLEU of greedy translations of (source, reference) pairs, mode restored."""
-    model = unwrap(model)
-    training = model.training
-    hypotheses = translate(model, tokenizer, [src for src, _ in pairs], beam_size=1)
-    model.train(training)
-    return sacrebleu.corpus_bleu(hypotheses, [[ref for _, ref in pairs]]).score
-
-
-def validate(model, corpus, pairs, tokenizer):
-    """The validation figures logged during training and stored with each snapshot."""
-    loss = validation_loss(model, corpus)
-    return {
-        "val_loss": round(loss, 4),
-        "val_ppl": round(math.exp(loss), 2),
-        "val_bleu": round(validation_bleu(model, tokenizer, pairs), 2),
-        "bleu_sentences": len(pairs),
-    }
-
-
-@dataclass
-class TrainingRun:
-    """What a run has built and done so far: all that a checkpoint saves."""
-
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
-    step: int = 0
-    epoch: int = 0
-    position: int = 0  # updates of the current epoch already made
-    tokens_seen: int = 0  # target tokens, all processes
-    seconds: float = 0.0  # training time over all sessions, validation excluded
-    history: list = field(default_factory=list)  # per step: loss, nll, lr, tokens
-    validation: list = field(default_factory=list)  # per evaluation: step, seconds, figures
-
-
-def build_training(config, vocab, device="cpu", amp=None):
-    """A new run: the model initialised with config.seed, Adam with Eq. (3), the scaler
-    (active only for float16 autocast)."""
+def fit(config, corpus, vocab):
+    """§5 as a plain loop: train a model of config.model on an EncodedCorpus for
+    config.max_steps updates. Returns (model, loss per target token of every update)."""
     torch.manual_seed(config.seed)
-    model = build_model(vocab, vocab, config.model).to(device)
+    model = build_model(vocab, vocab, config.model)
+    d_model, decay = config.model.d_model, config.weight_decay
     optimizer, scheduler = make_optimizer(
-        model, config.model.d_model, config.lr_factor, config.warmup_steps, config.weight_decay
+        model, d_model, config.lr_factor, config.warmup_steps, decay
     )
-    scaler = torch.amp.GradScaler(torch.device(device).type, enabled=amp == torch.float16)
-    return TrainingRun(model, optimizer, scheduler, scaler)
-
-
-def update_groups(corpus, config, epoch, world=1):
-    """One epoch's updates, each a list of `world` batches (index lists), one per process,
-    of at most max_tokens / world tokens a side. The order depends only on (seed, epoch),
-    so a resumed run sees the same batches as an uninterrupted one."""
-    batches = batch_by_tokens(corpus.lengths, config.max_tokens // world, config.seed + epoch)
-    return [batches[i : i + world] for i in range(0, len(batches) - world + 1, world)]
-
-
-@dataclass
-class RunContext:
-    """What stays fixed while a run trains: its recipe, folder, data and processes."""
-
-    config: TrainConfig
-    out: pathlib.Path
-    tokenizer: Tokenizer
-    corpus: EncodedCorpus
-    val: tuple | None  # (EncodedCorpus of all val pairs, the pairs BLEU translates)
-    device: str
-    amp: torch.dtype | None
-    rank: int = 0
-    world: int = 1
-    log: typing.Callable = print
-
-
-def record_steps(run, pending, world):
-    """Read the summed [loss, nll] of the steps since the last read (all ranks' together)
-    into run.history, per target token: the one point where the loop waits for the device."""
-    sums = torch.stack([losses for losses, _, _ in pending])
-    if world > 1:
-        torch.distributed.all_reduce(sums)
-    for (loss, nll), (_, lr, ntokens) in zip(sums.tolist(), pending):
-        entry = {"step": len(run.history) + 1, "loss": round(loss / ntokens, 5)}
-        entry.update(nll=round(nll / ntokens, 5), lr=lr, tokens=ntokens)
-        run.history.append(entry)
-    pending.clear()
-
-
-def end_of_window(run, ctx, pending):
-    """Every log_every steps: read the losses; every eval_every steps (with validation
-    data): validate; every checkpoint_every steps: save. The last step does all three."""
-    config, done = ctx.config, run.step == ctx.config.max_steps
-    record_steps(run, pending, ctx.world)
-    if ctx.val and ctx.rank == 0 and (run.step % config.eval_every == 0 or done):
-        figures = validate(run.model, *ctx.val, ctx.tokenizer)
-        when = {"step": run.step, "seconds": round(run.seconds, 1)}
-        run.validation.append({**when, "tokens_seen": run.tokens_seen, **figures})
-        ctx.log(f"step {run.step}: validation {figures}")
-    if run.step % config.checkpoint_every == 0 or done:
-        save_run(run, ctx)
-        last = run.history[-1]
-        if ctx.rank == 0:
-            ctx.log(
-                f"step {run.step}: loss {last['loss']:.3f}, nll {last['nll']:.3f}, "
-                f"lr {last['lr']:.2e}, {run.seconds:.0f} s, checkpoint written"
-            )
-
-
-def train_epoch(run, ctx, runner, loss_fn, bar, multiple_of=1):
-    """The rest of the current epoch, or up to max_steps."""
-    config, pending, started = ctx.config, [], time.perf_counter()
-    every = [config.log_every, config.checkpoint_every] + [config.eval_every] * bool(ctx.val)
-    for group in update_groups(ctx.corpus, config, run.epoch, ctx.world)[run.position :]:
-        ntokens = sum(ctx.corpus.target_tokens(indices) for indices in group)
-        batch = ctx.corpus.batch(group[ctx.rank], ctx.device, multiple_of)
-        lr = run.optimizer.param_groups[0]["lr"]
-        losses = train_step(
-            runner, batch, run.optimizer, run.scheduler, run.scaler, config.smoothing,
-            ntokens / ctx.world, ctx.amp, loss_fn,
-        )  # fmt: skip
-        pending.append((losses, lr, ntokens))
-        run.step, run.position = run.step + 1, run.position + 1
-        run.tokens_seen += ntokens
-        bar.update()
-        done = run.step == config.max_steps
-        if done or any(run.step % n == 0 for n in every):
-            run.seconds += time.perf_counter() - started
-            end_of_window(run, ctx, pending)
-            bar.set_postfix(loss=f"{run.history[-1]['loss']:.3f}")
-            started = time.perf_counter()  # validation and saving are not training time
-        if done:
-            return
-    if pending:
-        run.seconds += time.perf_counter() - started
-        record_steps(run, pending, ctx.world)
-    run.epoch, run.position = run.epoch + 1, 0
-
-
-def train(
-    config,
-    train_pairs,
-    out_dir,
-    tokenizer=None,
-    val_pairs=None,
-    device="cpu",
-    resume=False,
-    log=print,
-    progress=False,
-    amp=None,
-    compile=False,
-):
-    """§5: train on (source, target) sentence pairs into out_dir; returns (model,
-    tokenizer, history). With val_pairs, validates every config.eval_every steps. amp is
-    one of AMP_CHOICES; resume=True continues out_dir/checkpoint.pt exactly. Under
-    torchrun, each process trains on its share of every update (DistributedDataParallel)
-    and only rank 0 writes files and logs."""
-    rank, world = distributed_rank_and_size()
-    check_device(device)
-    if not train_pairs:
-        raise ValueError("train_pairs is empty: pass (source, target) sentence pairs")
-    out = pathlib.Path(out_dir)
-    with RunFolder(out, resume, owner=rank == 0):
-        payload = load_training_state(out / "checkpoint.pt", config) if resume else None
-        tokenizer = run_tokenizer(config, train_pairs, out, tokenizer, payload, rank, world)
-        corpus = EncodedCorpus.from_pairs(train_pairs, tokenizer)
-        val = None
-        if val_pairs:
-            val = EncodedCorpus.from_pairs(val_pairs, tokenizer), val_pairs[: config.bleu_sentences]
-        amp = autocast_dtype(amp, device)
-        ctx = RunContext(config, out, tokenizer, corpus, val, device, amp, rank, world, log)
-        run = start_run(ctx, payload)
-        runner = torch.nn.parallel.DistributedDataParallel(run.model) if world > 1 else run.model
-        loss_fn = torch.compile(forward_loss) if compile else forward_loss
-        bar = tqdm(
-            total=config.max_steps, initial=run.step, unit="step", disable=not progress or rank
-        )
-        while run.step < config.max_steps:
-            train_epoch(run, ctx, runner, loss_fn, bar, multiple_of=8 if compile else 1)
-        bar.close()
-    return run.model, tokenizer, run.history
-
-
-CHECKPOINT_FORMAT = 2  # checkpoints record it; another format is refused on resume
-
-
-def save_checkpoint(path, payload):
-    """torch.save to a temporary file beside `path`, then an atomic rename."""
-    path = pathlib.Path(path)
-    with tempfile.NamedTemporaryFile(
-        dir=path.parent, prefix=path.name, suffix=".tmp", delete=False
-    ) as tmp:
-        try:
-            torch.save(payload, tmp)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        except BaseException:
-            tmp.close()
-            os.unlink(tmp.name)
-            raise
-    os.replace(tmp.name, path)
-
-
-def write_json(path, data):
-    """JSON written as atomically as a checkpoint (a reader never sees half a file)."""
-    tmp = pathlib.Path(f"{path}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
-
-
-def read_checkpoint(path):
-    """A checkpoint's payload (tensors and plain data only); errors name the file."""
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:
-        raise ValueError(
-            f"{path} cannot be read as a checkpoint ({type(error).__name__}: {error}); the "
-            f"file is damaged or not a checkpoint: use another snapshot of the run"
-        ) from error
-    if not isinstance(payload, dict) or not {"config", "model", "tokenizer"} <= payload.keys():
-        raise ValueError(f"{path} is not a checkpoint written by train (no config or model)")
-    return payload
-
-
-def differing_fields(saved, wanted, prefix=""):
-    """'name: saved -> wanted' for every field, nested ones dotted, that differs."""
-    found = []
-    for name in sorted(set(saved) | set(wanted)):
-        a, b = saved.get(name, "<absent>"), wanted.get(name, "<absent>")
-        if isinstance(a, dict) and isinstance(b, dict):
-            found += differing_fields(a, b, f"{prefix}{name}.")
-        elif a != b:
-            found.append(f"{prefix}{name}: {a!r} -> {b!r}")
-    return found
-
-
-def load_training_state(path, config):
-    """The checkpoint of a run to resume, refused if written with another recipe."""
-    if not pathlib.Path(path).is_file():
-        raise FileNotFoundError(f"no checkpoint at {path} to resume from; start without --resume")
-    payload = read_checkpoint(path)
-    if payload.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(
-            f"{path} has checkpoint format {payload.get('format', 1)}, this code writes "
-            f"{CHECKPOINT_FORMAT}: it can be loaded (load_checkpoint) but not resumed"
-        )
-    differ = differing_fields(payload["config"], config.identity())
-    if differ:
-        raise ValueError(
-            f"{path} was written with a different configuration ({'; '.join(differ)}); "
-            f"resume with the same settings or start a new run in another folder"
-        )
-    return payload
-
-
-def snapshot_paths(out_dir):
-    """The weight snapshots of a run, oldest first: out_dir/checkpoint-<step>.pt."""
-    return sorted(pathlib.Path(out_dir).glob("checkpoint-*.pt"))
-
-
-class RunFolderBusy(FileExistsError):
-    """Another live process is training in this folder."""
-
-
-class RunFolder:
-    """with RunFolder(out, resume): out exists, is locked by this process (out/.lock: host
-    and pid), and holds no stale temporary files; owner=False (torchrun ranks > 0) only
-    waits for nothing and touches nothing."""
-
-    def __init__(self, out, resume=False, owner=True):
-        self.out, self.resume, self.owner = pathlib.Path(out), resume, owner
-        self.lock = self.out / ".lock"
-
-    def __enter__(self):
-        if not self.owner:
-            return self
-        self.out.mkdir(parents=True, exist_ok=True)
-        me = f"{socket.gethostname()} {os.getpid()}"
-        try:
-            fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            holder = self.lock.read_text().strip()
-            host, _, pid = holder.partition(" ")
-            if host != socket.gethostname() or process_alive(int(pid or 0)):
-                raise RunFolderBusy(
-                    f"{self.out} is in use by process {holder} (lock file {self.lock}); wait "
-                    f"for it to finish or train into another folder"
-                ) from None
-            self.lock.write_text(me + "\n")  # the holder died: take the folder over
-        else:
-            with os.fdopen(fd, "w") as file:
-                file.write(me + "\n")
-        try:
-            for stale in self.out.glob("*.tmp"):  # from a save that was killed
-                stale.unlink()
-            if not self.resume and (self.out / "checkpoint.pt").exists():
-                raise FileExistsError(
-                    f"{self.out / 'checkpoint.pt'} already exists; resume it (--resume) or "
-                    f"start the new run in another folder, so the earlier one is kept"
-                )
-        except BaseException:
-            self.lock.unlink(missing_ok=True)
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        if self.owner:
-            self.lock.unlink(missing_ok=True)
-
-
-def process_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid > 0
-
-
-def save_run(run, ctx):
-    """Write snapshot, checkpoint and metrics (rank 0; every rank must call it, and none
-    returns before the files are complete)."""
-    rng = gather_rng_states(ctx.device, ctx.world)
-    if ctx.rank == 0:
-        write_run(run, ctx.config, ctx.tokenizer, ctx.out, rng)
-    if ctx.world > 1:
-        torch.distributed.barrier()
-
-
-def write_run(run, config, tokenizer, out, rng):
-    latest = run.validation[-1] if run.validation else None
-    weights = {
-        "format": CHECKPOINT_FORMAT,
-        "config": config.identity(),
-        "tokenizer": tokenizer.to_str(),
-        "step": run.step,
-        "validation": latest if latest and latest["step"] == run.step else None,
-        "model": run.model.state_dict(),
-    }
-    save_checkpoint(out / f"checkpoint-{run.step:07d}.pt", weights)
-    for old in snapshot_paths(out)[: -config.keep_checkpoints]:
-        old.unlink()
-    state = {name: getattr(run, name) for name in ("epoch", "position", "tokens_seen", "seconds")}
-    save_checkpoint(
-        out / "checkpoint.pt",
-        {
-            **weights,
-            **state,
-            "optimizer": run.optimizer.state_dict(),
-            "scheduler": run.scheduler.state_dict(),
-            "scaler": run.scaler.state_dict(),
-            "history": run.history,
-            "validations": run.validation,
-            "rng": rng,
-        },
-    )
-    metrics = {"config": config.identity(), "history": run.history}
-    write_json(out / "metrics.json", {**metrics, "validation": run.validation})
-
-
-def start_run(ctx, payload):
-    """A new run, or the checkpointed one restored; each rank's own dropout stream."""
-    run = build_training(ctx.config, ctx.tokenizer.get_vocab_size(), ctx.device, ctx.amp)
-    if payload is not None:
-        run.model.load_state_dict(payload["model"])
-        run.optimizer.load_state_dict(payload["optimizer"])
-        run.scheduler.load_state_dict(payload["scheduler"])
-        if payload["scaler"]:
-            run.scaler.load_state_dict(payload["scaler"])
-        for name in ("step", "epoch", "position", "tokens_seen", "seconds", "history"):
-            setattr(run, name, payload[name])
-        run.validation = payload["validations"]
-        restore_rng_state(payload["rng"], ctx.rank, ctx.world, ctx.device)
-        if ctx.rank == 0:
-            ctx.log(f"resumed from {ctx.out / 'checkpoint.pt'} at step {run.step}")
-    elif ctx.rank > 0:
-        torch.manual_seed(ctx.config.seed + 1_000_003 * ctx.rank)  # its own dropout masks
-    if torch.device(ctx.device).type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    return run
-
-
-def run_tokenizer(config, pairs, out, tokenizer, payload, rank, world):
-    """The checkpoint's vocabulary when resuming, else the one given, else one that rank 0
-    learns from the training pairs; saved as out/tokenizer.json."""
-    if payload is not None:
-        saved = Tokenizer.from_str(payload["tokenizer"])
-        if tokenizer is not None and tokenizer.to_str() != saved.to_str():
-            raise ValueError(f"{out} was trained with another tokenizer; resume without one")
-        return saved
-    if tokenizer is None:
-        if rank == 0:
-            train_bpe(pairs, config.vocab_size, out / "tokenizer.json")
-        if world > 1:
-            torch.distributed.barrier()  # rank 0's vocabulary is on disk for every rank
-        return load_tokenizer(out / "tokenizer.json")
-    if tokenizer.get_vocab_size() > config.vocab_size:
-        raise ValueError(
-            f"the tokenizer has {tokenizer.get_vocab_size()} tokens but config.vocab_size is "
-            f"{config.vocab_size}; pass a tokenizer from train_bpe(pairs, {config.vocab_size})"
-        )
-    if rank == 0:
-        tokenizer.save(str(out / "tokenizer.json"))
-    return tokenizer
-
-
-def check_device(device):
-    """Refuse a device this machine lacks before any work is done."""
-    try:
-        kind = torch.device(device).type
-    except RuntimeError as error:
-        raise ValueError(f"device={device!r} is not a device: use cpu, cuda or cuda:N") from error
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
-            f"device={device!r}, but this PyTorch sees no GPU (torch.cuda.is_available() is "
-            f"False); train on device='cpu' or install a CUDA build of PyTorch"
-        )
-
-
-def distributed_rank_and_size():
-    """(rank, world size) under torchrun's process group, (0, 1) in a single process."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
-
-
-def gather_rng_states(device, world):
-    """Every rank's random states (CPU, and its GPU's), gathered on all ranks."""
-    state = {"cpu": torch.get_rng_state()}
-    if torch.device(device).type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    if world == 1:
-        return [state]
-    states = [None] * world
-    torch.distributed.all_gather_object(states, state)
-    return states
-
-
-def restore_rng_state(states, rank, world, device):
-    """This rank's saved random state back in place; a different process count warns."""
-    if len(states) != world:
-        warnings.warn(
-            f"the checkpoint was written by {len(states)} process(es) and resumes in {world}: "
-            f"batches and dropout masks differ from an uninterrupted run from here on",
-            stacklevel=2,
-        )
-    if rank >= len(states):
-        return
-    torch.set_rng_state(states[rank]["cpu"])
-    if torch.device(device).type == "cuda":
-        if "cuda" in states[rank]:
-            torch.cuda.set_rng_state(states[rank]["cuda"], device)
-        else:
-            warnings.warn(
-                "no GPU random state in the checkpoint: GPU dropout starts afresh", stacklevel=2
-            )
+    scaler = torch.amp.GradScaler("cpu", enabled=False)  # float32: nothing to scale
+    losses, epoch = [], 0
+    while len(losses) < config.max_steps:
+        for indices in batch_by_tokens(corpus.lengths, config.max_tokens, config.seed + epoch):
+            batch = corpus.batch(indices)
+            sums = train_step(model, batch, optimizer, scheduler, scaler, config.smoothing)
+            losses.append(sums[0].item() / batch.ntokens)
+            if len(losses) == config.max_steps:
+                break
+        epoch += 1
+    return model, losses
 
 
 def copy_task_pairs(n, vocab, length, generator):
@@ -2074,3 +1478,600 @@ def validation_perplexity(model, data, max_tokens=2000):
     encode_pairs returns them, scored in batches of at most max_tokens tokens a side (or
     the longest sentence). Returns a float; the model is left in the mode it was in."""
     return math.exp(validation_loss(model, EncodedCorpus(data), max_tokens))
+
+
+# --------------------------------------------------------------------------------------
+# Engineering: runs that survive (ours), from chapters/engineering_runs.ipynb
+# --------------------------------------------------------------------------------------
+
+import gzip
+import hashlib
+import json
+import os
+import pathlib
+import platform
+import shutil
+import socket
+import time
+import typing
+import urllib.request
+import warnings
+from dataclasses import field
+
+import sacrebleu
+from tqdm import tqdm
+
+
+MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
+MULTI30K_SPLITS = {"train": "train", "val": "val", "test2016": "test_2016_flickr"}
+# SHA-256 of the gzip files as published; a download or local copy that differs is refused
+MULTI30K_SHA256 = {
+    "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
+    "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
+    "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
+    "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
+    "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
+    "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
+}
+
+
+class DatasetError(RuntimeError):
+    """A data file is missing, corrupt or cannot be downloaded; the message says what to do."""
+
+
+def sha256_of(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def default_cache_dir():
+    """Where downloads go: $XDG_CACHE_HOME (or ~/.cache)/annotated-transformer/multi30k."""
+    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+    return pathlib.Path(base) / "annotated-transformer" / "multi30k"
+
+
+def download(url, path, sha256):
+    """Fetch url to path, verified: the bytes go to a temporary file in the same folder,
+    renamed into place only once their checksum matches; nothing else is left behind."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f"{path.name}.{os.getpid()}.part")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, open(part, "wb") as file:
+            shutil.copyfileobj(response, file)
+        problem = None if sha256_of(part) == sha256 else f"its SHA-256 is not {sha256}"
+        if problem is None:
+            os.replace(part, path)
+    except OSError as error:  # urllib's URLError is an OSError
+        problem = str(error)
+    finally:
+        part.unlink(missing_ok=True)
+    if problem:
+        raise DatasetError(
+            f"could not download {url} ({problem}); nothing was kept. Try again, or point "
+            f"the loader at a verified local copy: set MULTI30K_DIR or pass data_dir"
+        )
+    return path
+
+
+def multi30k_file(filename, data_dir=None, base_url=MULTI30K_URL):
+    """The verified path of one Multi30k file: from data_dir (or $MULTI30K_DIR) when given,
+    otherwise from the cache, downloading it there first if needed."""
+    expected = MULTI30K_SHA256[filename]
+    local = data_dir or os.environ.get("MULTI30K_DIR")
+    if not local:
+        path = default_cache_dir() / filename
+        if path.is_file() and sha256_of(path) == expected:
+            return path
+        return download(base_url + filename, path, expected)
+    path = pathlib.Path(local) / filename
+    problem = "does not exist" if not path.is_file() else None
+    if problem is None and sha256_of(path) != expected:
+        problem = "has the wrong SHA-256: it is corrupt or not the published file"
+    if problem:
+        raise DatasetError(
+            f"{path} {problem}; the local Multi30k copy (data_dir or MULTI30K_DIR={local}) "
+            f"must hold {filename} with SHA-256 {expected}: download it from {base_url}{filename}"
+        )
+    return path
+
+
+def load_multi30k(split, src_lang="de", tgt_lang="en", data_dir=None, base_url=MULTI30K_URL):
+    """§5.1 on Multi30k: the aligned (source, target) sentence pairs of one split
+    (train: 29000, val: 1014, test2016: 1000), each file verified against its SHA-256."""
+    if split not in MULTI30K_SPLITS or {src_lang, tgt_lang} != {"de", "en"}:
+        raise ValueError(
+            f"split must be one of {sorted(MULTI30K_SPLITS)} and src_lang, tgt_lang 'de' and "
+            f"'en' in either order; got split={split!r}, src_lang={src_lang!r}, "
+            f"tgt_lang={tgt_lang!r}"
+        )
+    sides = []
+    for lang in (src_lang, tgt_lang):
+        path = multi30k_file(f"{MULTI30K_SPLITS[split]}.{lang}.gz", data_dir, base_url)
+        with gzip.open(path, "rt", encoding="utf-8") as file:
+            sides.append([line.rstrip("\n") for line in file])
+    return list(zip(*sides, strict=True))  # the published files are aligned line by line
+
+
+AMP_CHOICES = ("auto", "bf16", "fp16", "off")
+
+
+def autocast_dtype(amp, device):
+    """The autocast dtype that `amp` means on `device` (None: float32 throughout)."""
+    if amp is None or amp == "off":
+        return None
+    if amp not in AMP_CHOICES:
+        raise ValueError(f"amp must be one of {', '.join(AMP_CHOICES)}, got {amp!r}")
+    if amp == "auto":
+        if torch.device(device).type != "cuda":
+            return None
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if amp == "bf16" else torch.float16
+
+
+def check_device(device):
+    """Refuse a device this machine lacks before any work is done."""
+    try:
+        problem = None
+        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+            problem = "this PyTorch sees no GPU (torch.cuda.is_available() is False); train "
+            problem += "on device='cpu' or install a CUDA build of PyTorch"
+    except RuntimeError:
+        problem = "it is not a device: use cpu, cuda or cuda:N"
+    if problem:
+        raise ValueError(f"device={device!r}: {problem}")
+
+
+def hardware_description(device="cpu"):
+    """One line naming the machine a result came from: GPU name, or CPU model and threads."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+    model_name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as file:
+            model_name = next(
+                line.split(":", 1)[1].strip() for line in file if "model name" in line
+            )
+    except (OSError, StopIteration):
+        pass
+    return f"{model_name}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+CHECKPOINT_FORMAT = 2  # checkpoints record it; another format is refused on resume
+
+
+def save_checkpoint(path, payload):
+    """torch.save to a temporary file beside `path`, then an atomic rename."""
+    path = pathlib.Path(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as file:
+            torch.save(payload, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json(path, data):
+    """JSON written as atomically as a checkpoint (a reader never sees half a file)."""
+    tmp = pathlib.Path(f"{path}.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def read_checkpoint(path):
+    """A checkpoint's payload (tensors and plain data only); errors name the file."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        complete = isinstance(payload, dict) and {"config", "model", "tokenizer"} <= payload.keys()
+        problem = None if complete else "it holds no config, model and tokenizer"
+    except Exception as error:  # torch's messages can fill a page: keep the first sentence
+        first = str(error).partition("\n")[0].partition(". ")[0]
+        problem = type(error).__name__ + (f": {first}" if first else "")
+    if problem:
+        raise ValueError(
+            f"{path} cannot be read as a checkpoint ({problem}): it is damaged or not a "
+            f"checkpoint written by train; use another snapshot of the run"
+        )
+    return payload
+
+
+def snapshot_paths(out_dir):
+    """The weight snapshots of a run, oldest first: out_dir/checkpoint-<step>.pt."""
+    return sorted(pathlib.Path(out_dir).glob("checkpoint-*.pt"))
+
+
+class RunFolderBusy(FileExistsError):
+    """Another live process is training in this folder."""
+
+
+class RunFolder:
+    """with RunFolder(out, resume): out exists, holds no finished run unless resume, is
+    locked by this process (out/.lock: host and pid), and holds no stale temporary files;
+    owner=False (torchrun ranks > 0) touches nothing."""
+
+    def __init__(self, out, resume=False, owner=True):
+        self.out, self.resume, self.owner = pathlib.Path(out), resume, owner
+        self.lock = self.out / ".lock"
+
+    def __enter__(self):
+        if not self.owner:
+            return self
+        if not self.resume and (self.out / "checkpoint.pt").exists():
+            raise FileExistsError(
+                f"{self.out / 'checkpoint.pt'} already exists; resume it (--resume) or "
+                f"start the new run in another folder, so the earlier one is kept"
+            )
+        self.out.mkdir(parents=True, exist_ok=True)
+        me = f"{socket.gethostname()} {os.getpid()}"
+        try:
+            fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            holder = self.lock.read_text().strip()
+            host, _, pid = holder.partition(" ")
+            if host != socket.gethostname() or process_alive(int(pid or 0)):
+                raise RunFolderBusy(
+                    f"{self.out} is in use by process {holder} (lock file {self.lock}); wait "
+                    f"for it to finish or train into another folder"
+                ) from None
+            self.lock.write_text(me + "\n")  # the holder died: take the folder over
+        else:
+            with os.fdopen(fd, "w") as file:
+                file.write(me + "\n")
+        for stale in self.out.glob("*.tmp"):  # from a save that was killed
+            stale.unlink()
+        return self
+
+    def __exit__(self, *exc):
+        if self.owner:
+            self.lock.unlink(missing_ok=True)
+
+
+def process_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
+
+
+@dataclass
+class RunState:
+    """What a run has built and done so far: all that a checkpoint saves."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    step: int = 0
+    epoch: int = 0
+    position: int = 0  # updates of the current epoch already made
+    tokens_seen: int = 0  # target tokens, all processes
+    seconds: float = 0.0  # training time over all sessions, validation excluded
+    history: list = field(default_factory=list)  # per step: loss, nll, lr, tokens
+    validation: list = field(default_factory=list)  # per evaluation: step, seconds, figures
+
+    @classmethod
+    def new(cls, config, vocab, device="cpu", amp=None):
+        """A fresh run: the model initialised with config.seed, AdamW with Eq. (3), and
+        the gradient scaler (active only for float16 autocast)."""
+        torch.manual_seed(config.seed)
+        model = build_model(vocab, vocab, config.model).to(device)
+        d_model, decay = config.model.d_model, config.weight_decay
+        optimizer, scheduler = make_optimizer(
+            model, d_model, config.lr_factor, config.warmup_steps, decay
+        )
+        scaler = torch.amp.GradScaler(torch.device(device).type, enabled=amp == torch.float16)
+        return cls(model, optimizer, scheduler, scaler)
+
+
+@dataclass
+class RunSetup:
+    """What stays fixed while a run trains: its recipe, folder, data and processes."""
+
+    config: TrainConfig
+    out: pathlib.Path
+    tokenizer: Tokenizer
+    corpus: EncodedCorpus
+    val: tuple | None  # (EncodedCorpus of all val pairs, the pairs BLEU translates)
+    device: str
+    amp: torch.dtype | None
+    rank: int = 0
+    world: int = 1
+    log: typing.Callable = print
+
+
+def epoch_updates(corpus, config, epoch, world=1):
+    """One epoch's updates, each a list of `world` batches (index lists), one per process,
+    of max_tokens / world tokens a side; the order depends only on (seed, epoch)."""
+    batches = batch_by_tokens(corpus.lengths, config.max_tokens // world, config.seed + epoch)
+    return [batches[i : i + world] for i in range(0, len(batches) - world + 1, world)]
+
+
+def distributed_rank_and_size():
+    """(rank, world size) under torchrun's process group, (0, 1) in a single process."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def gather_rng_states(device, world):
+    """Every rank's random states (CPU, and its GPU's), gathered on all ranks."""
+    state = {"cpu": torch.get_rng_state()}
+    if torch.device(device).type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    if world == 1:
+        return [state]
+    states = [None] * world
+    torch.distributed.all_gather_object(states, state)
+    return states
+
+
+def restore_rng_state(states, rank, world, device):
+    """This rank's saved random state back in place; a different process count warns."""
+    if len(states) != world:
+        warnings.warn(
+            f"the checkpoint was written by {len(states)} process(es) and resumes in {world}: "
+            f"batches and dropout masks differ from an uninterrupted run from here on",
+            stacklevel=2,
+        )
+    if rank >= len(states):
+        return
+    torch.set_rng_state(states[rank]["cpu"])
+    if torch.device(device).type == "cuda":
+        if "cuda" in states[rank]:
+            torch.cuda.set_rng_state(states[rank]["cuda"], device)
+        else:
+            warnings.warn(
+                "no GPU random state in the checkpoint: GPU dropout starts afresh", stacklevel=2
+            )
+
+
+def validation_loss(model, corpus, max_tokens=4000):
+    """Cross-entropy per real target token, without smoothing, over an EncodedCorpus;
+    math.exp of it is the perplexity. The model's train/eval mode is restored."""
+    model = unwrap(model)
+    device = next(model.parameters()).device
+    training, total = model.training, torch.zeros((), device=device)
+    model.eval()
+    with torch.no_grad():
+        for indices in batch_by_tokens(corpus.lengths, max_tokens, shuffle=False):
+            total += forward_loss(model, corpus.batch(indices, device), 0.0)[1]
+    model.train(training)
+    return total.item() / corpus.target_tokens(range(len(corpus)))
+
+
+def validate(model, corpus, pairs, tokenizer):
+    """The validation figures logged during training and stored with each snapshot: the
+    loss over the whole corpus and BLEU of greedy translations of `pairs`, mode restored."""
+    model = unwrap(model)
+    training, loss = model.training, validation_loss(model, corpus)
+    hypotheses = translate(model, tokenizer, [src for src, _ in pairs], beam_size=1)
+    model.train(training)
+    return {
+        "val_loss": round(loss, 4),
+        "val_ppl": round(math.exp(loss), 2),
+        "val_bleu": round(sacrebleu.corpus_bleu(hypotheses, [[r for _, r in pairs]]).score, 2),
+        "bleu_sentences": len(pairs),
+    }
+
+
+def differing_fields(saved, wanted, prefix=""):
+    """'name: saved -> wanted' for every field, nested ones dotted, that differs."""
+    found = []
+    for name in sorted(set(saved) | set(wanted)):
+        a, b = saved.get(name, "<absent>"), wanted.get(name, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            found += differing_fields(a, b, f"{prefix}{name}.")
+        elif a != b:
+            found.append(f"{prefix}{name}: {a!r} -> {b!r}")
+    return found
+
+
+def checkpoint_to_resume(path, config):
+    """The payload of out/checkpoint.pt, refused if written in another format or with
+    another recipe."""
+    if not pathlib.Path(path).is_file():
+        raise FileNotFoundError(f"no checkpoint at {path} to resume from; start without --resume")
+    payload = read_checkpoint(path)
+    saved = {"checkpoint format": payload.get("format", "<absent>"), **payload["config"]}
+    differ = differing_fields(saved, {"checkpoint format": CHECKPOINT_FORMAT, **config.identity()})
+    if differ:
+        raise ValueError(
+            f"{path} was written with a different configuration ({'; '.join(differ)}); "
+            f"resume with the same settings or start a new run in another folder"
+        )
+    return payload
+
+
+def save_progress(state, setup):
+    """Write the snapshot, checkpoint.pt and metrics.json (rank 0; every rank must call)."""
+    rng = gather_rng_states(setup.device, setup.world)
+    if setup.rank == 0:
+        out, config, latest = setup.out, setup.config, state.validation[-1:]
+        weights = {
+            "format": CHECKPOINT_FORMAT,
+            "config": config.identity(),
+            "tokenizer": setup.tokenizer.to_str(),
+            "step": state.step,
+            "validation": latest[0] if latest and latest[0]["step"] == state.step else None,
+            "model": state.model.state_dict(),
+        }
+        save_checkpoint(out / f"checkpoint-{state.step:07d}.pt", weights)
+        for old in snapshot_paths(out)[: -config.keep_checkpoints]:
+            old.unlink()
+        counters = ("epoch", "position", "tokens_seen", "seconds", "history")
+        resumable = {name: getattr(state, name) for name in counters}
+        resumable["validations"] = state.validation  # "validation": this step's, above
+        for name in ("optimizer", "scheduler", "scaler"):
+            resumable[name] = getattr(state, name).state_dict()
+        save_checkpoint(out / "checkpoint.pt", {**weights, **resumable, "rng": rng})
+        metrics = {"config": config.identity(), "history": state.history}
+        write_json(out / "metrics.json", {**metrics, "validation": state.validation})
+    if setup.world > 1:
+        torch.distributed.barrier()
+
+
+def resume_or_start(setup, payload):
+    """A fresh RunState, or the checkpointed one restored; each rank's own dropout stream."""
+    state = RunState.new(setup.config, setup.tokenizer.get_vocab_size(), setup.device, setup.amp)
+    if payload is not None:
+        for name in ("model", "optimizer", "scheduler", "scaler"):
+            if payload[name]:  # a float32 run's scaler saved nothing: fp16 may take over
+                getattr(state, name).load_state_dict(payload[name])
+        for name in ("step", "epoch", "position", "tokens_seen", "seconds", "history"):
+            setattr(state, name, payload[name])
+        state.validation = payload["validations"]
+        restore_rng_state(payload["rng"], setup.rank, setup.world, setup.device)
+        if setup.rank == 0:
+            setup.log(f"resumed from {setup.out / 'checkpoint.pt'} at step {state.step}")
+    elif setup.rank > 0:
+        torch.manual_seed(setup.config.seed + 1_000_003 * setup.rank)  # its own dropout
+    if torch.device(setup.device).type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    return state
+
+
+def tokenizer_for_run(config, pairs, out, tokenizer, payload, rank, world):
+    """The checkpoint's vocabulary when resuming, else the one given, else one that rank 0
+    learns from the training pairs; saved as out/tokenizer.json."""
+    if payload is not None:
+        saved = Tokenizer.from_str(payload["tokenizer"])
+        if tokenizer is not None and tokenizer.to_str() != saved.to_str():
+            raise ValueError(f"{out} was trained with another tokenizer; resume without one")
+        return saved
+    if tokenizer is None:
+        if rank == 0:
+            train_bpe(pairs, config.vocab_size, out / "tokenizer.json")
+        if world > 1:
+            torch.distributed.barrier()  # rank 0's vocabulary is on disk for every rank
+        return load_tokenizer(out / "tokenizer.json")
+    if tokenizer.get_vocab_size() > config.vocab_size:
+        raise ValueError(
+            f"the tokenizer has {tokenizer.get_vocab_size()} tokens but config.vocab_size is "
+            f"{config.vocab_size}; pass a tokenizer from train_bpe(pairs, {config.vocab_size})"
+        )
+    if rank == 0:
+        tokenizer.save(str(out / "tokenizer.json"))
+    return tokenizer
+
+
+def record_losses(state, pending, world):
+    """Read the summed [loss, nll] of the steps since the last read (all ranks' together)
+    into state.history, per target token: the one point where the loop waits for the device."""
+    sums = torch.stack([losses for losses, _, _ in pending])
+    if world > 1:
+        torch.distributed.all_reduce(sums)
+    for (loss, nll), (_, lr, ntokens) in zip(sums.tolist(), pending):
+        entry = {"step": len(state.history) + 1, "loss": round(loss / ntokens, 5)}
+        entry.update(nll=round(nll / ntokens, 5), lr=lr, tokens=ntokens)
+        state.history.append(entry)
+    pending.clear()
+
+
+def record_validate_save(state, setup, pending):
+    """Every log_every steps: read the losses; every eval_every steps (with validation
+    data): validate; every checkpoint_every steps: save. The last step does all three."""
+    config, done = setup.config, state.step == setup.config.max_steps
+    record_losses(state, pending, setup.world)
+    if setup.val and setup.rank == 0 and (state.step % config.eval_every == 0 or done):
+        figures = validate(state.model, *setup.val, setup.tokenizer)
+        when = {"step": state.step, "seconds": round(state.seconds, 1)}
+        state.validation.append({**when, "tokens_seen": state.tokens_seen, **figures})
+        setup.log(f"step {state.step}: validation {figures}")
+    if state.step % config.checkpoint_every == 0 or done:
+        save_progress(state, setup)
+        last = state.history[-1]
+        if setup.rank == 0:
+            setup.log(
+                f"step {state.step}: loss {last['loss']:.3f}, nll {last['nll']:.3f}, "
+                f"lr {last['lr']:.2e}, {state.seconds:.0f} s, checkpoint written"
+            )
+
+
+def train_epoch(state, setup, model, loss_fn, bar, multiple_of=1):
+    """The rest of the current epoch, or up to max_steps. `model` is state.model, wrapped
+    in DistributedDataParallel under several processes."""
+    config, pending, started = setup.config, [], time.perf_counter()
+    every = [config.log_every, config.checkpoint_every] + [config.eval_every] * bool(setup.val)
+    for group in epoch_updates(setup.corpus, config, state.epoch, setup.world)[state.position :]:
+        ntokens = sum(setup.corpus.target_tokens(indices) for indices in group)
+        batch = setup.corpus.batch(group[setup.rank], setup.device, multiple_of)
+        lr = state.optimizer.param_groups[0]["lr"]
+        losses = train_step(
+            model, batch, state.optimizer, state.scheduler, state.scaler, config.smoothing,
+            ntokens / setup.world, setup.amp, loss_fn,
+        )  # fmt: skip
+        pending.append((losses, lr, ntokens))
+        state.step, state.position = state.step + 1, state.position + 1
+        state.tokens_seen += ntokens
+        bar.update()
+        done = state.step == config.max_steps
+        if done or any(state.step % n == 0 for n in every):
+            state.seconds += time.perf_counter() - started
+            record_validate_save(state, setup, pending)
+            bar.set_postfix(loss=f"{state.history[-1]['loss']:.3f}")
+            started = time.perf_counter()  # validation and saving are not training time
+        if done:
+            return
+    if pending:
+        state.seconds += time.perf_counter() - started
+        record_losses(state, pending, setup.world)
+    state.epoch, state.position = state.epoch + 1, 0
+
+
+def train(
+    config,
+    train_pairs,
+    out_dir,
+    tokenizer=None,
+    val_pairs=None,
+    device="cpu",
+    resume=False,
+    log=print,
+    progress=False,
+    amp=None,
+    compile=False,
+):
+    """§5: train on (source, target) sentence pairs into out_dir; returns (model,
+    tokenizer, history). With val_pairs, validates every config.eval_every steps. amp is
+    one of AMP_CHOICES; resume=True continues out_dir/checkpoint.pt exactly. Under
+    torchrun, each process trains on its share of every update (DistributedDataParallel)
+    and only rank 0 writes files and logs."""
+    if str(out_dir).strip() in ("", "."):  # pathlib.Path("") is "." too
+        raise ValueError(
+            f"out_dir={str(out_dir)!r} is the working directory: pass a folder of the run's "
+            f"own, e.g. runs/quick"
+        )
+    if not train_pairs:
+        raise ValueError("train_pairs is empty: pass (source, target) sentence pairs")
+    check_device(device)
+    amp = autocast_dtype(amp, device)
+    rank, world = distributed_rank_and_size()
+    out = pathlib.Path(out_dir)
+    with RunFolder(out, resume, owner=rank == 0):
+        payload = checkpoint_to_resume(out / "checkpoint.pt", config) if resume else None
+        tokenizer = tokenizer_for_run(config, train_pairs, out, tokenizer, payload, rank, world)
+        corpus = EncodedCorpus.from_pairs(train_pairs, tokenizer)
+        val = None
+        if val_pairs:
+            val = EncodedCorpus.from_pairs(val_pairs, tokenizer), val_pairs[: config.bleu_sentences]
+        setup = RunSetup(config, out, tokenizer, corpus, val, device, amp, rank, world, log)
+        state = resume_or_start(setup, payload)
+        model = torch.nn.parallel.DistributedDataParallel(state.model) if world > 1 else state.model
+        loss_fn = torch.compile(forward_loss) if compile else forward_loss
+        bar = tqdm(
+            total=config.max_steps, initial=state.step, unit="step", disable=not progress or rank
+        )
+        while state.step < config.max_steps:
+            train_epoch(state, setup, model, loss_fn, bar, multiple_of=8 if compile else 1)
+        bar.close()
+    return state.model, tokenizer, state.history
