@@ -1973,11 +1973,12 @@ class KeyValueCache:
     def __init__(self, model, memory, src_mask):
         self.model, self.src_mask, self.length = model, src_mask, 0
         self.self_attn = [AttentionCache() for _ in model.decoder.layers]
-        with torch.no_grad():
+        with torch.no_grad():  # contiguous: every step's products read them as they are
             self.memory = [
                 (a.split_heads(a.w_k(memory), a.d_k), a.split_heads(a.w_v(memory), a.d_v))
                 for a in (layer.src_attn for layer in model.decoder.layers)
             ]
+            self.memory = [(key.contiguous(), value.contiguous()) for key, value in self.memory]
 
     def next_log_probs(self, ys):
         """The next token's log-probabilities after ys (rows, t): ys' last token is new."""
