@@ -108,9 +108,8 @@ class Encoder(nn.Module):
 
 class DecoderLayer(nn.Module):
     """§3.1: masked self-attention, encoder-decoder attention over the memory, and a
-    feed-forward network, each wrapped in a SublayerConnection. cache, when decoding one
-    token at a time (§6.1): this layer's DecoderLayerCache, whose self_attn and src_attn
-    AttentionCaches go to the two attentions."""
+    feed-forward network, each wrapped in a SublayerConnection. (batch, seq, d_model) ->
+    same shape."""
 
     def __init__(self, d_model, self_attn, src_attn, feed_forward, dropout, pre_norm=False):
         super().__init__()
@@ -121,26 +120,23 @@ class DecoderLayer(nn.Module):
         self.feed_forward = feed_forward
         self.sublayer = clones(SublayerConnection(d_model, dropout, pre_norm), 3)
 
-    def forward(self, x, memory, src_mask, tgt_mask, cache=None):
-        self_cache = None if cache is None else cache.self_attn
-        src_cache = None if cache is None else cache.src_attn
-        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, tgt_mask, self_cache))
-        x = self.sublayer[1](x, lambda x: self.src_attn(x, memory, memory, src_mask, src_cache))
+    def forward(self, x, memory, src_mask, tgt_mask):
+        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, tgt_mask))
+        x = self.sublayer[1](x, lambda x: self.src_attn(x, memory, memory, src_mask))
         return self.sublayer[2](x, self.feed_forward)
 
 
 class Decoder(nn.Module):
-    """§3.1: a stack of N identical decoder layers. cache: one DecoderLayerCache per layer
-    when decoding one token at a time (§6.1), otherwise None."""
+    """§3.1: a stack of N identical decoder layers."""
 
     def __init__(self, layer, N):
         super().__init__()
         self.layers = clones(layer, N)
         self.norm = nn.LayerNorm(layer.d_model) if layer.pre_norm else nn.Identity()
 
-    def forward(self, x, memory, src_mask, tgt_mask, cache=None):
-        for i, layer in enumerate(self.layers):
-            x = layer(x, memory, src_mask, tgt_mask, None if cache is None else cache[i])
+    def forward(self, x, memory, src_mask, tgt_mask):
+        for layer in self.layers:
+            x = layer(x, memory, src_mask, tgt_mask)
         return self.norm(x)
 
 
@@ -181,31 +177,17 @@ def attention(query, key, value, mask=None, dropout=None):
 
 class MultiHeadedAttention(nn.Module):
     """§3.2.2: MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,
-    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V), the h projections stacked in one matrix.
 
-    The h projections of size d_k (d_v) are computed as one d_model -> h*d_k matrix.
-    query (batch, seq_q, d_model), key and value (batch, seq_k, d_model), mask
-    (batch, 1 or seq_q, seq_k) -> (batch, seq_q, d_model). fused=True runs Eq. (1) with
-    torch's scaled_dot_product_attention, fused=False with the reference `attention`,
-    which also keeps the weights of the last call in `self.weights` for plotting.
-    cache, an AttentionCache (below), serves decoding one token at a time: keys and values
-    projected by earlier calls are kept there and not computed again; such calls always
-    take the reference path.
+    query (batch, seq_q, d_model), key and value (batch, seq_k, d_model), mask bool (batch,
+    1 or seq_q, seq_k), True where attending is allowed -> (batch, seq_q, d_model). fused:
+    Eq. (1) by torch's scaled_dot_product_attention, else by the reference `attention`,
+    which keeps its weights in `self.weights`. A query that sees nothing outputs zeros.
     """
 
     def __init__(self, h, d_model, dropout=0.0, fused=True, d_k=None, d_v=None):
         super().__init__()
-        for name, value in (("h", h), ("d_model", d_model), ("d_k", d_k), ("d_v", d_v)):
-            if value is not None and (not isinstance(value, int) or value <= 0):
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if (d_k is None or d_v is None) and d_model % h:
-            raise ValueError(
-                f"d_model={d_model} is not divisible by h={h}: the paper uses "
-                f"d_k = d_v = d_model / h; pick an h that divides d_model or pass d_k and d_v"
-            )
-        self.h = h
-        self.d_k = d_k or d_model // h
-        self.d_v = d_v or d_model // h
+        self.h, self.d_k, self.d_v = h, d_k or d_model // h, d_v or d_model // h
         # The paper's projections are plain matrices W (no bias), as in tensor2tensor.
         self.w_q = nn.Linear(d_model, h * self.d_k, bias=False)
         self.w_k = nn.Linear(d_model, h * self.d_k, bias=False)
@@ -215,135 +197,29 @@ class MultiHeadedAttention(nn.Module):
         self.fused = fused
         self.weights = None
 
-    def forward(self, query, key, value, mask=None, cache=None):
-        query = self.split_heads(self.w_q(query), self.d_k)
-        # a fixed cache that is already filled holds the memory's projections: skip them
-        if cache is None or cache.growing or cache.keys is None:
-            key = self.split_heads(self.w_k(key), self.d_k)
-            value = self.split_heads(self.w_v(value), self.d_v)
-        if cache is None:
-            return self.attend(query, key, value, mask, self.fused)
-        key, value = cache.update(key, value)
-        # A decoding step has one query per row (a few, grouped). For so few, PyTorch's fused
-        # CPU kernel takes longer than the reference's two products (performance appendix).
-        return self.attend(query, key, value, mask, fused=False)
-
-    def split_heads(self, x, d):
-        """(batch, seq, h * d) -> (batch, h, seq, d): the h projections side by side."""
-        return x.view(x.size(0), -1, self.h, d).transpose(1, 2)
-
-    def attend(self, query, key, value, mask=None, fused=True):
-        """Eq. (1) on every head, then Concat and W^O. query (batch, h, seq_q, d_k), key
-        (rows, h, seq_k, d_k), value (rows, h, seq_k, d_v), mask (rows, 1 or seq_q, seq_k)
-        -> (batch, seq_q, d_model). Usually batch == rows; batch may also be a multiple of
-        rows, queries b * group ... (b + 1) * group - 1 sharing key row b: beam search's
-        hypotheses of one sentence all read that sentence's one memory."""
-        batch, rows = query.size(0), key.size(0)
-        if mask is not None and mask.dtype != torch.bool:
-            # a float 0/1 mask would be added to the scores by the fused path: refuse it
-            raise TypeError(
-                f"mask must be a bool tensor, True where attending is allowed, got "
-                f"{mask.dtype}; build it with padding_mask/target_mask, or pass mask != 0"
-            )
-        if batch % rows:
-            raise ValueError(f"{batch} query rows cannot form equal groups for {rows} key rows")
-        if mask is not None and mask.size(0) not in (1, rows):
-            raise ValueError(
-                f"the mask has {mask.size(0)} rows; it needs one per key row ({rows}), or one"
-            )
-        group = batch // rows
-        if group > 1:
-            # (rows * group, h, seq_q, d_k) -> (rows, h, group * seq_q, d_k): one key row's
-            # queries side by side, so its keys and values are read once, not group times
-            query = query.reshape(rows, group, self.h, -1, self.d_k).transpose(1, 2).flatten(2, 3)
-            if mask is not None and mask.size(-2) > 1:
-                mask = mask.repeat(1, group, 1)
+    def forward(self, query, key, value, mask=None):
+        query = self.split_heads(self.w_q(query), self.d_k)  # (batch, h, seq_q, d_k)
+        key = self.split_heads(self.w_k(key), self.d_k)  # (batch, h, seq_k, d_k)
+        value = self.split_heads(self.w_v(value), self.d_v)  # (batch, h, seq_k, d_v)
         if mask is not None:
-            mask = mask.unsqueeze(1)  # one mask for all heads: (rows, 1, seq_q or 1, seq_k)
-        if fused:
-            x = F.scaled_dot_product_attention(
-                query,
-                key,
-                value,
-                attn_mask=mask,
-                dropout_p=self.dropout.p if self.training else 0.0,
-            )
-            if mask is not None:
-                # same rule as `attention`: a query that sees nothing outputs zeros on every backend
+            if mask.dtype != torch.bool:  # the fused path would add a float mask to the scores
+                raise TypeError("mask must be a bool tensor, True where attending is allowed")
+            mask = mask.unsqueeze(1)  # one mask for all heads
+        if self.fused:
+            p = self.dropout.p if self.training else 0.0
+            x = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=p)
+            if mask is not None:  # as in `attention`: a query that sees nothing outputs zeros
                 x = x.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
             self.weights = None
         else:
             x, weights = attention(query, key, value, mask, self.dropout)
             self.weights = weights.detach()
-        # (rows, h, group * seq_q, d_v) -> (batch, seq_q, h * d_v): Concat(head_1, ..., head_h)
-        x = x.transpose(1, 2).reshape(batch, -1, self.h * self.d_v)
-        return self.w_o(x)
+        # Concat(head_1, ..., head_h): (batch, h, seq_q, d_v) -> (batch, seq_q, h * d_v)
+        return self.w_o(x.transpose(1, 2).flatten(2))
 
-
-class AttentionCache:
-    """§6.1 (ours): the keys (batch, h, seq_k, d_k) and values (batch, h, seq_k, d_v) that one
-    MultiHeadedAttention keeps while the decoder produces one token at a time.
-    growing=True, for masked self-attention: every call appends the new positions' keys and
-    values to the earlier ones, which never change. growing=False, for encoder-decoder
-    attention: the first call projects the memory, later calls reuse it. For inference: what
-    it keeps is written in place, which gradients cannot pass through."""
-
-    room = 32  # positions a growing cache allocates beyond those it holds
-
-    def __init__(self, growing):
-        self.growing = growing
-        self.keys = self.values = None
-        self.buffers = None  # growing: keys and values are the filled part of these
-
-    def update(self, key, value):
-        """Keep this call's keys and values as the cache's rule says; return all to attend to."""
-        if torch.is_grad_enabled() and (key.requires_grad or value.requires_grad):
-            raise RuntimeError(
-                "AttentionCache serves inference only; decode under torch.no_grad() "
-                "(greedy_decode and beam_search do)"
-            )
-        if not self.growing:
-            if self.keys is None:
-                # contiguous, so that the products of every later step read them as they are
-                self.keys, self.values = key.contiguous(), value.contiguous()
-            return self.keys, self.values
-        start = 0 if self.keys is None else self.keys.size(2)
-        end = start + key.size(2)
-        if self.buffers is None or end > self.buffers[0].size(2):
-            # torch.cat would copy everything kept at every step; a buffer with room is
-            # written in place and copied only when it fills
-            grown = [x.new_empty(*x.shape[:2], end + self.room, x.size(-1)) for x in (key, value)]
-            if start:
-                for buffer, old in zip(grown, (self.keys, self.values)):
-                    buffer[:, :, :start] = old
-            self.buffers = grown
-        for buffer, new in zip(self.buffers, (key, value)):
-            buffer[:, :, start:end] = new
-        self.keys, self.values = (buffer[:, :, :end] for buffer in self.buffers)
-        return self.keys, self.values
-
-    def reorder(self, rows):
-        """Keep row rows[j] in place j, in new tensors: beam search's first step turns one
-        row per sentence into k."""
-        if self.keys is None:
-            return
-        if self.growing:
-            length = self.keys.size(2)
-            moved = [b.new_empty(rows.numel(), *b.shape[1:]) for b in self.buffers]
-            for buffer, kept in zip(moved, (self.keys, self.values)):
-                buffer[:, :, :length] = kept.index_select(0, rows)
-            self.buffers = moved
-            self.keys, self.values = (buffer[:, :, :length] for buffer in self.buffers)
-        else:
-            self.keys = self.keys.index_select(0, rows)
-            self.values = self.values.index_select(0, rows)
-
-    def copy_rows(self, source, target):
-        """Copy row source[i] over row target[i], in place; no target may be a source. Beam
-        search's later steps: a hypothesis continued twice hands its keys and values to the
-        row of one that was dropped, and the other rows stay where they are."""
-        for kept in (self.keys, self.values):
-            kept.index_copy_(0, target, kept.index_select(0, source))
+    def split_heads(self, x, d):
+        """(batch, seq, h * d) -> (batch, h, seq, d): the h projections side by side."""
+        return x.view(x.size(0), -1, self.h, d).transpose(1, 2)
 
 
 # --------------------------------------------------------------------------------------
@@ -1051,58 +927,11 @@ def copy_task_pairs(n, vocab, length, generator):
 # 6.1 Machine Translation, from chapters/06_1_machine_translation.ipynb
 # --------------------------------------------------------------------------------------
 
-import platform
-
-
-class DecoderLayerCache:
-    """§6.1 (ours): one decoder layer's AttentionCaches. Masked self-attention's grows by
-    one position per step; encoder-decoder attention's holds the memory's keys and values,
-    projected at the first step."""
-
-    def __init__(self):
-        self.self_attn = AttentionCache(growing=True)
-        self.src_attn = AttentionCache(growing=False)
-
-
-class KeyValueCache:
-    """§6.1 (ours): what the decoder has already computed, so that each new token costs one
-    position: a DecoderLayerCache per decoder layer, the memory (each layer projects it at
-    the first step), and `length`, the number of positions fed so far. Row b of the
-    self-attention caches belongs to sentence (or, in beam search, hypothesis) b; the
-    memory side keeps one row per sentence."""
-
-    def __init__(self, model, memory):
-        self.memory = memory
-        self.length = 0
-        self.layers = [DecoderLayerCache() for _ in model.decoder.layers]
-
-    def reorder(self, rows):
-        """Keep row rows[j] of the self-attention caches in place j: beam search's first step
-        turns one row per sentence into k. The memory side does not move: a sentence's k
-        hypotheses read its one memory as a group of k queries (MultiHeadedAttention.attend);
-        a copy of the memory per hypothesis, moved at every step, once took a third of beam
-        search's time."""
-        for layer in self.layers:
-            layer.self_attn.reorder(rows)
-
-    def copy_rows(self, source, target):
-        """Copy row source[i] of the self-attention caches over row target[i], in place (no
-        target may be a source): beam search's later steps move only the hypotheses that
-        take over the row of a dropped one (beam_slots)."""
-        for layer in self.layers:
-            layer.self_attn.copy_rows(source, target)
-
-
-def decode_step(model, src_mask, tokens, cache):
-    """EncoderDecoder.decode with a cache: feed one token per sentence, tokens (batch, 1), at
-    position cache.length through the decoder's own layers, updating the cache; returns the
-    next token's log-probabilities (batch, vocab)."""
-    embed, position = model.tgt_embed
-    x = position(embed(tokens), offset=cache.length)
-    # no target mask: the new position may attend to every earlier one and to itself
-    x = model.decoder(x, cache.memory, src_mask, None, cache.layers)
-    cache.length += 1
-    return model.generator(x[:, -1])
+def positive_int(name, value):
+    """value, if it is a positive integer (a bool is not); otherwise a ValueError naming it."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
 
 
 def output_limits(src_mask, max_len=None):
@@ -1110,18 +939,35 @@ def output_limits(src_mask, max_len=None):
     "input length + 50" (§6.1), counting the source's real (unpadded) tokens."""
     if max_len is None:
         return src_mask.reshape(src_mask.size(0), -1).sum(-1) + 50
-    if not isinstance(max_len, int) or max_len <= 0:
-        raise ValueError(f"max_len must be a positive integer or None, got {max_len!r}")
-    return torch.full((src_mask.size(0),), max_len, device=src_mask.device)
+    return torch.full((src_mask.size(0),), positive_int("max_len", max_len), device=src_mask.device)
 
 
-def next_log_probs(model, memory, src_mask, ys, cache):
-    """Log-probabilities of the token after ys (batch, t): with a cache, one decode_step on
-    ys' last token; without, the whole prefix through the decoder again."""
-    if cache is not None:
-        return decode_step(model, src_mask, ys[:, -1:], cache)
-    out = model.decode(memory, src_mask, ys, subsequent_mask(ys.size(1)).to(ys.device))
-    return model.generator(out[:, -1])
+class PrefixDecoder:
+    """Decoding with the decoder of chapter 3: the whole prefix ys (rows, t) again at every
+    step; rows may be k per sentence (beam search's hypotheses). next_log_probs -> (rows,
+    vocab). KeyValueCache, the fast path (Fast decoding page), answers the same calls."""
+
+    def __init__(self, model, memory, src_mask):
+        self.model, self.memory, self.src_mask = model, memory, src_mask
+
+    def next_log_probs(self, ys):
+        group = ys.size(0) // self.memory.size(0)  # hypotheses per sentence
+        memory, src_mask = (x.repeat_interleave(group, 0) for x in (self.memory, self.src_mask))
+        out = self.model.decode(memory, src_mask, ys, subsequent_mask(ys.size(1)).to(ys.device))
+        return self.model.generator(out[:, -1])
+
+    def slots(self, kept, parent, k):
+        """Rows for beam search's kept candidates: rank order (this decoder keeps no rows)."""
+        return torch.where(kept, kept.cumsum(-1) - 1, k)
+
+    def follow(self, rows, moved):
+        """Nothing to move: ys holds the prefixes, and every step reads them again."""
+
+
+def start_decoding(model, src, src_mask, cache):
+    """Encode the source once; return the decoder of each step, cached or plain."""
+    decoder = KeyValueCache if cache else PrefixDecoder
+    return decoder(model, model.encode(src, src_mask), src_mask)
 
 
 @torch.no_grad()  # decoding picks tokens: nothing to differentiate
@@ -1131,37 +977,19 @@ def greedy_decode(
     """Auto-regressive decoding (§3): append the most probable next token, one position at a
     time, until every sentence has produced end_symbol or its length limit (output_limits).
     src (batch, seq), src_mask (batch, 1, seq) -> (batch, 1 + produced) ids that start with
-    start_symbol; after a sentence ends, its row is padded with PAD_ID. cache=False
-    recomputes the whole prefix at every step (the reference path)."""
+    start_symbol; after a sentence ends, its row is padded with PAD_ID. cache=False runs the
+    plain PrefixDecoder; cache=True the KeyValueCache of the Fast decoding page."""
     limits = output_limits(src_mask, max_len)
-    memory = model.encode(src, src_mask)
+    decoder = start_decoding(model, src, src_mask, cache)
     ys = torch.full((src.size(0), 1), start_symbol, dtype=torch.long, device=src.device)
     done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
-    kv = KeyValueCache(model, memory) if cache else None
     for t in range(int(limits.max())):
-        next_token = next_log_probs(model, memory, src_mask, ys, kv).argmax(dim=-1)
-        next_token = next_token.masked_fill(done, PAD_ID)
+        next_token = decoder.next_log_probs(ys).argmax(dim=-1).masked_fill(done, PAD_ID)
         ys = torch.cat([ys, next_token.unsqueeze(1)], dim=1)
         done |= (next_token == end_symbol) | (t + 1 >= limits)
         if done.all():
             break
     return ys
-
-
-def hardware_description(device="cpu"):
-    """One line naming the machine a result came from: GPU name, or CPU model and threads."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
-    model_name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as file:
-            model_name = next(
-                line.split(":", 1)[1].strip() for line in file if "model name" in line
-            )
-    except (OSError, StopIteration):
-        pass
-    return f"{model_name}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
 def length_penalty(length, alpha):
@@ -1170,23 +998,60 @@ def length_penalty(length, alpha):
     return ((5 + length) / 6) ** alpha
 
 
-def beam_slots(kept, parent, k):
-    """Where beam search puts the candidates it keeps (§6.1, ours): kept (batch, c) bool over
-    each sentence's candidates, best first; parent (batch, c), the row in 0..k-1 of its
-    sentence that each extends. A parent's first kept extension takes over the parent's own
-    row, so that its cached keys and values stay where they are; further extensions of the
-    same parent take, in order, the rows of hypotheses that nothing extends, and only those
-    rows are copied. Returns slot (batch, c) in 0..k-1, or k where not kept."""
-    c = kept.size(-1)
-    earlier = torch.ones(c, c, dtype=torch.bool, device=kept.device).tril(-1)  # j ranks above i
-    sibling = (parent.unsqueeze(-1) == parent.unsqueeze(-2)) & kept.unsqueeze(-2) & earlier
-    first = kept & ~sibling.any(dim=-1)  # the best kept extension of its parent
-    extra = kept & ~first
-    rows = torch.arange(k, device=kept.device)
-    extended = ((parent.unsqueeze(-1) == rows) & kept.unsqueeze(-1)).any(dim=1)  # (batch, k)
-    free = torch.where(extended, k, rows).sort(dim=-1).values  # rows nothing extends, first
-    extra_slot = free.gather(1, (extra.cumsum(dim=-1) - 1).clamp(min=0))
-    return torch.where(first, parent, torch.where(extra, extra_slot, k))
+def best_extensions(scores, log_probs, k):
+    """The 2k best one-token extensions of each sentence's hypotheses (scores (batch, rows),
+    log P), best first -> their scores, the row each extends (parent) and its token."""
+    batch, rows = scores.shape
+    vocab = log_probs.size(-1)
+    candidates = scores.unsqueeze(-1) + log_probs.float().view(batch, rows, vocab)
+    top_scores, index = candidates.view(batch, -1).topk(min(2 * k, rows * vocab), dim=-1)
+    return top_scores, index // vocab, index % vocab
+
+
+def sort_candidates(top_scores, ends, done, k):
+    """Walk down each sentence's candidates, best first, until k go on: those that end on
+    the way (the end symbol, or the length limit) finish. -> kept, finishing (batch, 2k)."""
+    valid = (top_scores != float("-inf")) & ~done.unsqueeze(1)
+    going_on = valid & ~ends
+    better_going_on = going_on.cumsum(dim=-1) - going_on.long()
+    return going_on & (better_going_on < k), valid & ends & (better_going_on < k)
+
+
+class FinishedHypotheses:
+    """Per sentence, the best finished hypothesis so far: score log P / lp, tokens, length."""
+
+    def __init__(self, batch, steps, device):
+        self.score = torch.full((batch,), float("-inf"), dtype=torch.float64, device=device)
+        self.tokens = torch.full((batch, steps), PAD_ID, dtype=torch.long, device=device)
+        self.length = torch.zeros(batch, dtype=torch.long, device=device)
+
+    def add(self, ys, rows, top_scores, tokens, finishing, alpha):
+        """Keep each sentence's best candidate that finishes now if it beats the best so far."""
+        length = ys.size(1)
+        ranked = top_scores.double() / length_penalty(length, alpha)
+        best, choice = ranked.masked_fill(~finishing, float("-inf")).max(dim=-1, keepdim=True)
+        prefix = ys[rows.gather(1, choice).squeeze(1), 1:]
+        ended = torch.cat([prefix, tokens.gather(1, choice)], dim=1)  # (batch, length)
+        improved = best.squeeze(1) > self.score
+        self.tokens[:, :length] = torch.where(improved[:, None], ended, self.tokens[:, :length])
+        self.length = torch.where(improved, length, self.length)
+        self.score = torch.where(improved, best.squeeze(1), self.score)
+
+    def output(self, start_symbol):
+        """(batch, 1 + longest) ids: start_symbol, each best hypothesis, PAD_ID after it."""
+        width = int(self.length.max())
+        start = torch.full_like(self.tokens[:, :1], start_symbol)
+        return torch.cat([start, self.tokens[:, :width]], dim=1)
+
+
+def fill_slots(slot, top_scores, tokens, rows, unchanged):
+    """The next beam: kept candidate i goes to row slot[i] of its sentence's k (k: not kept);
+    a row nothing fills keeps its unchanged prefix, scored -inf. -> scores, tokens, rows."""
+    k = unchanged.size(1) - 1
+    scores = top_scores.new_full((slot.size(0), k + 1), float("-inf")).scatter(1, slot, top_scores)
+    new_tokens = torch.full_like(unchanged, PAD_ID).scatter(1, slot, tokens)
+    new_rows = unchanged.scatter(1, slot, rows)
+    return scores[:, :k], new_tokens[:, :k].flatten(), new_rows[:, :k].flatten()
 
 
 @torch.no_grad()  # decoding picks tokens: nothing to differentiate
@@ -1202,95 +1067,39 @@ def beam_search(
     cache=True,
 ):
     """§6.1: beam search with beam_size hypotheses per sentence and length penalty alpha,
-    batched over sentences; each sentence stops when no live hypothesis can still beat its
-    best finished one (or at its length limit, output_limits). Same inputs and output
-    format as greedy_decode: (batch, 1 + length) ids, start_symbol first, PAD_ID after the
-    end. Rows b * beam_size ... (b + 1) * beam_size - 1 of the internal tensors hold the
-    hypotheses of sentence b; every step is tensor operations on all of them, with one wait
-    for the device (are all done, which rows moved?)."""
-    if not isinstance(beam_size, int) or beam_size <= 0:
-        raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
-    batch, k, device = src.size(0), beam_size, src.device
+    batched over sentences; a sentence stops when no live hypothesis can still beat its best
+    finished one, or at its length limit (output_limits). Inputs and output as greedy_decode.
+    Rows b * k ... (b + 1) * k - 1 of ys hold sentence b's k hypotheses; each step waits for
+    the device once (is every sentence done, which rows moved?)."""
+    k, batch, device = positive_int("beam_size", beam_size), src.size(0), src.device
     limits = output_limits(src_mask, max_len)
-    steps = int(limits.max())
-    # lp at each sentence's limit, the largest its hypotheses can get (float64, like the scores)
-    limit_penalty = torch.tensor(
-        [length_penalty(n, alpha) for n in limits.tolist()], dtype=torch.float64, device=device
-    )
-    memory = model.encode(src, src_mask)
-    # every hypothesis starts as the same empty prefix, so the first step runs one row per
-    # sentence and the later ones k. The cache keeps one memory per sentence for its k
-    # hypotheses; without it, the decoder takes the memory and its mask repeated k times
-    kv = KeyValueCache(model, memory) if cache else None
-    wide = None if cache else (memory.repeat_interleave(k, 0), src_mask.repeat_interleave(k, 0))
+    limit_penalty = length_penalty(limits.double(), alpha)  # the largest lp of each sentence
+    decoder = start_decoding(model, src, src_mask, cache)
     ys = torch.full((batch, 1), start_symbol, dtype=torch.long, device=device)
-    scores = torch.zeros(batch, 1, device=device)
-    # the best finished hypothesis of each sentence: log P / lp, its tokens and its length
-    best_score = torch.full((batch,), float("-inf"), dtype=torch.float64, device=device)
-    best_tokens = torch.full((batch, steps), PAD_ID, dtype=torch.long, device=device)
-    best_length = torch.zeros(batch, dtype=torch.long, device=device)
+    scores = torch.zeros(batch, 1, device=device)  # log P; at first one empty prefix each
+    finished = FinishedHypotheses(batch, int(limits.max()), device)
     done = torch.zeros(batch, dtype=torch.bool, device=device)
-    for t in range(steps):
-        length = t + 1  # tokens in a hypothesis after this step, end_symbol included
-        per_sentence = 1 if t == 0 else k  # rows per sentence in ys and the cache
-        source = (memory, src_mask) if t == 0 or cache else wide
-        log_probs = next_log_probs(model, *source, ys, kv)
-        vocab = log_probs.size(-1)
-        candidates = scores.unsqueeze(-1) + log_probs.float().view(batch, per_sentence, vocab)
-        candidates = candidates.view(batch, -1)
+    for length in range(1, int(limits.max()) + 1):  # tokens after this step, the end included
+        per_sentence = scores.size(1)
+        top_scores, parent, tokens = best_extensions(scores, decoder.next_log_probs(ys), k)
         first_row = torch.arange(batch, device=device).unsqueeze(1) * per_sentence
-        # 2k candidates, best first: even if k of them end here, k others can go on
-        top_scores, top_index = candidates.topk(min(2 * k, candidates.size(-1)), dim=-1)
-        # (batch, 2k): the row in its sentence each candidate extends, and its token
-        parent, tokens = top_index // vocab, top_index % vocab
-        rows = first_row + parent
+        rows = first_row + parent  # the row of ys each candidate extends
         ends = (tokens == end_symbol) | (length >= limits).unsqueeze(1)
-        # walk down the candidates until k go on: those that end on the way are finished
-        valid = (top_scores != float("-inf")) & ~done.unsqueeze(1)
-        going_on = valid & ~ends
-        seen = going_on.cumsum(dim=-1) - going_on.long()  # going on, among better candidates
-        kept = going_on & (seen < k)
-        finishing = valid & ends & (seen < k)
-        ranked = top_scores.double() / length_penalty(length, alpha)
-        step_best, choice = ranked.masked_fill(~finishing, float("-inf")).max(dim=-1)
-        improved = step_best > best_score
-        chosen = choice.unsqueeze(1)  # each sentence's best candidate that ends at this step
-        prefix = ys[rows.gather(1, chosen).squeeze(1), 1:]
-        ended = torch.cat([prefix, tokens.gather(1, chosen)], dim=1)  # (batch, length)
-        best_tokens[:, :length] = torch.where(improved.unsqueeze(1), ended, best_tokens[:, :length])
-        best_length = torch.where(improved, length, best_length)
-        best_score = torch.where(improved, step_best, best_score)
-        # each kept candidate's slot among its sentence's k rows; the others go to a spare slot k
-        slot = beam_slots(kept, parent, k) if t else torch.where(kept, kept.cumsum(-1) - 1, k)
-        # a slot that nothing fills keeps its row as it is (-inf: it never extends)
-        unchanged = first_row + (torch.arange(k, device=device) if t else 0)
-        new_scores = scores.new_full((batch, k + 1), float("-inf")).scatter(1, slot, top_scores)
-        new_tokens = tokens.new_full((batch, k + 1), PAD_ID).scatter(1, slot, tokens)
-        new_rows = torch.cat([unchanged.expand(batch, k), first_row], 1).scatter(1, slot, rows)
-        new_scores, new_tokens, new_rows = new_scores[:, :k], new_tokens[:, :k], new_rows[:, :k]
-        # log P only falls as a hypothesis grows, and lp is largest at the length limit:
-        # no live hypothesis can end above best_alive / lp(limit)
-        bound = new_scores.max(dim=-1).values.double() / limit_penalty
-        done |= ~kept.any(dim=-1) | (best_score >= bound)
-        new_rows = new_rows.flatten()
-        moved = new_rows != torch.arange(new_rows.numel(), device=device)
+        kept, finishing = sort_candidates(top_scores, ends, done, k)
+        finished.add(ys, rows, top_scores, tokens, finishing, alpha)
+        slot = decoder.slots(kept, parent, k)
+        unchanged = first_row + torch.arange(k + 1, device=device).clamp(max=per_sentence - 1)
+        scores, new_tokens, new_rows = fill_slots(slot, top_scores, tokens, rows, unchanged)
+        # log P only falls as a hypothesis grows, and lp is largest at the length limit
+        done |= ~kept.any(dim=-1) | (finished.score >= scores.max(-1).values / limit_penalty)
         # the step's one wait for the device: is every sentence done, and which rows moved
-        flags = torch.cat([done.all().view(1), moved]).tolist()
-        if flags[0]:
+        moved = new_rows != torch.arange(new_rows.numel(), device=device)
+        all_done, *moved = torch.cat([done.all().view(1), moved]).tolist()
+        if all_done:
             break
-        ys = torch.cat([ys[new_rows], new_tokens.reshape(-1, 1)], dim=1)
-        scores = new_scores
-        if kv is not None and t == 0:
-            kv.reorder(new_rows)  # one row per sentence becomes k
-        elif kv is not None:
-            moved_rows = [j for j, row_moved in enumerate(flags[1:]) if row_moved]
-            target = torch.tensor(moved_rows, dtype=torch.long, device=device)
-            kv.copy_rows(new_rows[target], target)
-    width = 1 + int(best_length.max())
-    out = torch.full((batch, width), PAD_ID, dtype=torch.long, device=device)
-    out[:, 0] = start_symbol
-    out[:, 1:] = best_tokens[:, : width - 1]
-    return out
+        ys = torch.cat([ys[new_rows], new_tokens.unsqueeze(1)], dim=1)
+        decoder.follow(new_rows, moved)
+    return finished.output(start_symbol)
 
 
 def load_checkpoint(path, device="cpu"):
@@ -1318,15 +1127,11 @@ def average_checkpoints(paths):
         raise ValueError("average_checkpoints needs at least one checkpoint path")
     payloads = [read_checkpoint(p) for p in paths]
     for path, payload in zip(paths[1:], payloads[1:]):
-        if payload["config"] != payloads[0]["config"]:
+        differ = [key for key in ("config", "tokenizer") if payload[key] != payloads[0][key]]
+        if differ:
             raise ValueError(
-                f"{path} and {paths[0]} come from differently configured runs; only "
-                f"checkpoints of one run can be averaged"
-            )
-        if payload["tokenizer"] != payloads[0]["tokenizer"]:
-            raise ValueError(
-                f"{path} and {paths[0]} have different tokenizers (token ids mean different "
-                f"words in each); only checkpoints of one run can be averaged"
+                f"{path} and {paths[0]} have a different {' and '.join(differ)}: they come "
+                f"from different runs, and only checkpoints of one run can be averaged"
             )
     weights = {
         # float64 for the sum, so the mean does not depend on the order of the checkpoints
@@ -1334,13 +1139,8 @@ def average_checkpoints(paths):
         for name, tensor in payloads[-1]["model"].items()
     }
     steps = [p.get("step") for p in payloads]
-    return {
-        "config": payloads[-1]["config"],
-        "tokenizer": payloads[-1]["tokenizer"],
-        "step": steps[-1],
-        "averaged_steps": steps,
-        "model": weights,
-    }
+    last = {key: payloads[-1][key] for key in ("config", "tokenizer")}
+    return last | {"step": steps[-1], "averaged_steps": steps, "model": weights}
 
 
 def translate(model, tokenizer, sentences, beam_size=4, alpha=0.6, batch_size=64):
@@ -1351,42 +1151,50 @@ def translate(model, tokenizer, sentences, beam_size=4, alpha=0.6, batch_size=64
     and special tokens never appear in the output."""
     if isinstance(sentences, str):
         raise TypeError("translate takes a list of sentences; wrap a single one: [sentence]")
-    for name, value in (("beam_size", beam_size), ("batch_size", batch_size)):
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    positive_int("beam_size", beam_size)
+    positive_int("batch_size", batch_size)
     if not (isinstance(alpha, int | float) and 0 <= alpha < math.inf):
         raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
+    encoded = encode_sentences(model, tokenizer, sentences)
+    results = [""] * len(sentences)
+    order = sorted(encoded, key=lambda i: len(encoded[i]))  # similar lengths, little padding
+    device = next(model.parameters()).device
+    model.eval()
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        src = pad_ids([encoded[i] for i in chunk]).to(device)
+        src_mask = padding_mask(src, PAD_ID)
+        if beam_size == 1:
+            out = greedy_decode(model, src, src_mask)
+        else:
+            out = beam_search(model, src, src_mask, beam_size=beam_size, alpha=alpha)
+        for row, i in enumerate(chunk):
+            results[i] = tokenizer.decode(out[row].tolist(), skip_special_tokens=True)
+    return results
+
+
+def encode_sentences(model, tokenizer, sentences):
+    """{i: ids of sentence i, then </s>} for the sentences that are not blank. A sentence of
+    n tokens needs n rows of the source's positional table and n + 50 of the target's (the
+    output may be 50 tokens longer than the input): a longer one is refused."""
+    tables = model.src_embed[1].max_len, model.tgt_embed[1].max_len
+    longest = min(tables[0], tables[1] - 50)
+    encoded = {}
     for i, sentence in enumerate(sentences):
         if not isinstance(sentence, str):
             raise TypeError(f"sentence {i} is a {type(sentence).__name__}, not a str")
-    device = next(model.parameters()).device
-    # the output may be 50 tokens longer than the input, and positions stop at max_len
-    longest = min(model.src_embed[1].max_len, model.tgt_embed[1].max_len - 51)
-    encoded = {}
-    for i, sentence in enumerate(sentences):
         if sentence.strip():
             encoded[i] = tokenizer.encode(sentence).ids + [EOS_ID]
-            if len(encoded[i]) > longest:
+            n = len(encoded[i])
+            if n > longest:
+                fits = f"at most {longest} tokens fit" if longest > 0 else "no sentence fits"
                 raise ValueError(
-                    f"sentence {i} is {len(encoded[i])} tokens long; this model translates at "
-                    f"most {longest} (its positional table has max_len rows, and the output "
-                    f"may be 50 tokens longer than the input); split the sentence"
+                    f"sentence {i} is {n} tokens long and needs positional tables of {n} "
+                    f"(source) and {n + 50} (target) rows, as the output may be 50 tokens "
+                    f"longer than the input; this model's have {tables[0]} and {tables[1]}, "
+                    f"so {fits}"
                 )
-    results = [""] * len(sentences)
-    order = sorted(encoded, key=lambda i: len(encoded[i]))  # similar lengths, little padding
-    model.eval()
-    with torch.no_grad():
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            src = pad_ids([encoded[i] for i in chunk]).to(device)
-            src_mask = padding_mask(src, PAD_ID)
-            if beam_size == 1:
-                out = greedy_decode(model, src, src_mask)
-            else:
-                out = beam_search(model, src, src_mask, beam_size=beam_size, alpha=alpha)
-            for row, i in enumerate(chunk):
-                results[i] = tokenizer.decode(out[row].tolist(), skip_special_tokens=True)
-    return results
+    return encoded
 
 
 def evaluate_bleu(model, tokenizer, pairs, beam_size=4, alpha=0.6, batch_size=64):
@@ -2075,3 +1883,148 @@ def train(
             train_epoch(state, setup, model, loss_fn, bar, multiple_of=8 if compile else 1)
         bar.close()
     return state.model, tokenizer, state.history
+
+
+# --------------------------------------------------------------------------------------
+# Fast decoding (ours), from chapters/fast_decoding.ipynb
+# --------------------------------------------------------------------------------------
+
+class AttentionCache:
+    """Fast decoding: the keys (rows, h, positions, d_k) and values (rows, h, positions, d_v)
+    of one masked self-attention, kept while the decoder produces one token at a time. They
+    are the filled part of buffers with room for more positions, written in place."""
+
+    room = 32  # positions a new buffer holds beyond those it is made for
+
+    def __init__(self):
+        self.keys = self.values = self.buffers = None
+
+    def append(self, key, value):
+        """Add the new positions' keys and values after those kept; return all kept."""
+        start = 0 if self.keys is None else self.keys.size(2)
+        end = start + key.size(2)
+        if self.buffers is None or end > self.buffers[0].size(2):
+            # torch.cat would copy everything kept at every step: copy only when a buffer fills
+            grown = [x.new_empty(*x.shape[:2], end + self.room, x.size(-1)) for x in (key, value)]
+            if start:
+                for buffer, old in zip(grown, (self.keys, self.values)):
+                    buffer[:, :, :start] = old
+            self.buffers = grown
+        for buffer, new in zip(self.buffers, (key, value)):
+            buffer[:, :, start:end] = new
+        self.keys, self.values = (buffer[:, :, :end] for buffer in self.buffers)
+        return self.keys, self.values
+
+    def reorder(self, rows):
+        """Row j becomes what row rows[j] was, in new buffers (beam search's first step)."""
+        self.buffers = [buffer.index_select(0, rows) for buffer in self.buffers]
+        self.keys, self.values = (b[:, :, : self.keys.size(2)] for b in self.buffers)
+
+    def copy_rows(self, source, target):
+        """Copy row source[i] over row target[i], in place; no target may be a source."""
+        for kept in (self.keys, self.values):
+            kept.index_copy_(0, target, kept.index_select(0, source))
+
+
+def grouped_attention(attn, x, key, value, mask=None):
+    """Fast decoding: MultiHeadedAttention `attn` for one new position per row, x (batch, 1,
+    d_model), against keys (rows, h, seq_k, d_k) and values (rows, h, seq_k, d_v) already
+    projected, mask (rows, 1, seq_k) or None -> (batch, 1, d_model). batch is a multiple of
+    rows: queries b * group ... (b + 1) * group - 1 read key row b (beam search's group of
+    hypotheses of sentence b, its one memory)."""
+    rows, group = key.size(0), x.size(0) // key.size(0)
+    # (rows * group, 1, h * d_k) -> (rows, h, group, d_k): one key row's queries side by side
+    query = attn.w_q(x).view(rows, group, attn.h, attn.d_k).transpose(1, 2)
+    if mask is not None:
+        mask = mask.unsqueeze(1)  # (rows, 1, 1, seq_k): for every head and every query
+    out, _ = attention(query, key, value, mask, attn.dropout)
+    # (rows, h, group, d_v) -> (rows * group, 1, h * d_v): Concat(head_1, ..., head_h)
+    return attn.w_o(out.transpose(1, 2).reshape(-1, 1, attn.h * attn.d_v))
+
+
+def decoder_layer_step(layer, x, kept, memory_keys, memory_values, src_mask):
+    """DecoderLayer.forward for one new position per row, x (rows, 1, d_model), with its
+    caches: kept, the AttentionCache of its masked self-attention; the memory's keys and
+    values, projected once (one row per sentence)."""
+
+    def self_attention(x):
+        attn = layer.self_attn
+        key, value = (
+            attn.split_heads(attn.w_k(x), attn.d_k),
+            attn.split_heads(attn.w_v(x), attn.d_v),
+        )
+        return grouped_attention(attn, x, *kept.append(key, value))
+
+    x = layer.sublayer[0](x, self_attention)
+    x = layer.sublayer[1](
+        x, lambda x: grouped_attention(layer.src_attn, x, memory_keys, memory_values, src_mask)
+    )
+    return layer.sublayer[2](x, layer.feed_forward)
+
+
+@torch.no_grad()  # the cache is written in place, which gradients cannot pass through
+def decode_step(model, tokens, cache):
+    """EncoderDecoder.decode with a KeyValueCache: one token per row, tokens (rows, 1), at
+    position cache.length; returns the next token's log-probabilities (rows, vocab)."""
+    embed, position = model.tgt_embed
+    x = position(embed(tokens), offset=cache.length)
+    for layer, kept, (key, value) in zip(model.decoder.layers, cache.self_attn, cache.memory):
+        x = decoder_layer_step(layer, x, kept, key, value, cache.src_mask)
+    cache.length += 1
+    return model.generator(model.decoder.norm(x)[:, -1])
+
+
+class KeyValueCache:
+    """Fast decoding: what the decoder keeps so that each step feeds one new token. Per
+    layer, an AttentionCache for masked self-attention (one row per hypothesis) and the
+    memory's keys and values (one row per sentence); `length`, the positions fed so far.
+    A decoder for greedy_decode and beam_search, as PrefixDecoder (§6.1) is."""
+
+    def __init__(self, model, memory, src_mask):
+        self.model, self.src_mask, self.length = model, src_mask, 0
+        self.self_attn = [AttentionCache() for _ in model.decoder.layers]
+        with torch.no_grad():  # contiguous: every step's products read them as they are
+            self.memory = [
+                (a.split_heads(a.w_k(memory), a.d_k), a.split_heads(a.w_v(memory), a.d_v))
+                for a in (layer.src_attn for layer in model.decoder.layers)
+            ]
+            self.memory = [(key.contiguous(), value.contiguous()) for key, value in self.memory]
+
+    def next_log_probs(self, ys):
+        """The next token's log-probabilities after ys (rows, t): ys' last token is new."""
+        return decode_step(self.model, ys[:, -1:], self)
+
+    def slots(self, kept, parent, k):
+        return beam_slots(kept, parent, k)
+
+    def follow(self, rows, moved):
+        """Row j of the self-attention caches takes what row rows[j] held, after a step of
+        beam search; moved[j]: whether rows[j] != j. The first step widens one row per
+        sentence to k; later ones copy only the rows that moved."""
+        if rows.numel() != self.self_attn[0].keys.size(0):
+            for kept in self.self_attn:
+                kept.reorder(rows)
+            return
+        target = [j for j, m in enumerate(moved) if m]
+        target = torch.tensor(target, dtype=torch.long, device=rows.device)
+        for kept in self.self_attn:
+            kept.copy_rows(rows[target], target)
+
+
+def beam_slots(kept, parent, k):
+    """Fast decoding: where beam search puts the candidates it keeps. kept (batch, c) bool
+    over each sentence's candidates, best first; parent (batch, c), the row in 0..k-1 of
+    its sentence that each extends. A parent's first kept extension takes over the parent's
+    own row, so its cached keys and values stay where they are; further extensions of the
+    same parent take, in order, the rows of hypotheses that nothing extends, and only those
+    rows are copied. Returns slot (batch, c) in 0..k-1, or k where not kept."""
+    c = kept.size(-1)
+    earlier = torch.ones(c, c, dtype=torch.bool, device=kept.device).tril(-1)  # j ranks above i
+    sibling = (parent.unsqueeze(-1) == parent.unsqueeze(-2)) & kept.unsqueeze(-2) & earlier
+    first = kept & ~sibling.any(dim=-1)  # the best kept extension of its parent
+    extra = kept & ~first
+    rows = torch.arange(k, device=kept.device)
+    extended = ((parent.unsqueeze(-1) == rows) & kept.unsqueeze(-1)).any(dim=1)  # (batch, k)
+    free = torch.where(extended, k, rows).sort(dim=-1).values  # rows nothing extends, first
+    extra_slot = free.gather(1, (extra.cumsum(dim=-1) - 1).clamp(min=0))
+    return torch.where(first, parent, torch.where(extra, extra_slot, k))

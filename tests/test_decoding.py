@@ -1,12 +1,12 @@
-"""§6.1: the key/value cache, greedy decoding, beam search with length penalty, checkpoint
-averaging, translate, and scoring."""
+"""§6.1 and the fast-decoding page: greedy decoding, beam search with length penalty, the
+key/value cache and its fast paths, checkpoint averaging, translate, and scoring."""
 
 import csv
-import dataclasses
 import itertools
 import json
 import math
 import pathlib
+import re
 
 import pytest
 import torch
@@ -38,47 +38,55 @@ def test_each_cached_step_equals_the_full_decoder(options):
     tgt = torch.randint(4, 12, (src.size(0), 6), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         memory = model.encode(src, src_mask)
-        cache = at.KeyValueCache(model, memory)
+        cache = at.KeyValueCache(model, memory, src_mask)
         for t in range(tgt.size(1)):
-            step = at.decode_step(model, src_mask, tgt[:, t : t + 1], cache)
+            step = cache.next_log_probs(tgt[:, : t + 1])
             full = model.decode(memory, src_mask, tgt[:, : t + 1], at.subsequent_mask(t + 1))
             torch.testing.assert_close(step, model.generator(full[:, -1]), atol=1e-5, rtol=1e-5)
     assert cache.length == tgt.size(1)
-    assert all(layer.self_attn.keys.size(2) == tgt.size(1) for layer in cache.layers)
+    assert all(kept.keys.size(2) == tgt.size(1) for kept in cache.self_attn)
 
 
 def test_the_self_attention_cache_grows_in_place_and_when_full_keeps_what_it_had():
-    torch.manual_seed(0)
-    attention = at.MultiHeadedAttention(4, 32).eval()
-    x = torch.randn(3, 9, 32)
-    cache = at.AttentionCache(growing=True)
+    cache = at.AttentionCache()
     cache.room = 3  # full after 4 positions, then after 8: two regrowths in 9 steps
+    keys, values = torch.randn(3, 4, 9, 8), torch.randn(3, 4, 9, 6)
     buffers = []
-    with torch.no_grad():
-        full = attention(x, x, x, at.subsequent_mask(9))
-        for t in range(9):
-            step = attention(x[:, t : t + 1], x[:, t : t + 1], x[:, t : t + 1], cache=cache)
-            torch.testing.assert_close(step, full[:, t : t + 1], atol=1e-5, rtol=0)
-            buffers.append(cache.keys.data_ptr())
-    assert cache.keys.shape == (3, 4, 9, 8)
+    for t in range(9):
+        kept = cache.append(keys[:, :, t : t + 1], values[:, :, t : t + 1])
+        assert torch.equal(kept[0], keys[:, :, : t + 1])
+        assert torch.equal(kept[1], values[:, :, : t + 1])
+        buffers.append(cache.keys.data_ptr())
+    assert buffers == [buffers[0]] * 4 + [buffers[4]] * 4 + [buffers[8]]
     assert len(set(buffers)) == 3  # one buffer for steps 1-4, one for 5-8, one from step 9
 
 
-def test_the_cache_refuses_to_keep_tensors_that_need_gradients():
-    attention = at.MultiHeadedAttention(4, 32)
-    x = torch.randn(2, 1, 32)
-    with pytest.raises(RuntimeError, match="decode under torch.no_grad"):
-        attention(x, x, x, cache=at.AttentionCache(growing=True))
+@pytest.mark.parametrize("masked", [False, True])
+def test_grouped_queries_read_one_copy_of_the_memory(masked):
+    """Beam search's case: 3 hypotheses per sentence, each with one new position, read their
+    sentence's one memory as a group and get what each gets with its own copy of it."""
+    attention = at.MultiHeadedAttention(4, 32).eval()
+    x, memory = torch.randn(6, 1, 32), torch.randn(2, 7, 32)
+    tokens = torch.tensor([[5, 5, 5, 5, 5, 5, 5], [5, 5, 5, 5, at.PAD_ID, at.PAD_ID, at.PAD_ID]])
+    mask = at.padding_mask(tokens, at.PAD_ID) if masked else None
+    repeat = lambda t: None if t is None else t.repeat_interleave(3, dim=0)  # noqa: E731
+    with torch.no_grad():
+        key = attention.split_heads(attention.w_k(memory), attention.d_k)
+        value = attention.split_heads(attention.w_v(memory), attention.d_v)
+        grouped = at.grouped_attention(attention, x, key, value, mask)
+        copied = attention(x, repeat(memory), repeat(memory), repeat(mask))
+    torch.testing.assert_close(grouped, copied, atol=1e-5, rtol=0)
 
 
-def test_decoding_needs_no_no_grad_block_and_returns_no_graph():
+def test_decoding_builds_no_graph_even_outside_no_grad():
     model = small_model()
     src, src_mask = sources()
+    graphs = []
+    model.generator.register_forward_hook(lambda module, args, out: graphs.append(out.grad_fn))
     for search in (at.greedy_decode, at.beam_search):
-        out = search(model, src, src_mask, max_len=10)
-        with torch.no_grad():
-            assert torch.equal(out, search(model, src, src_mask, max_len=10))
-        assert not out.requires_grad
+        for cache in (True, False):
+            search(model, src, src_mask, max_len=4, cache=cache)
+    assert len(graphs) == 16 and graphs == [None] * 16  # 4 searches of 4 steps
 
 
 def test_beam_slots_keep_first_extensions_in_place_and_fill_dropped_rows():
@@ -97,44 +105,17 @@ def test_beam_slots_keep_first_extensions_in_place_and_fill_dropped_rows():
 def test_beam_search_copies_only_the_rows_of_second_extensions(monkeypatch):
     model = small_model()
     src, src_mask = sources()
-    copies, original = [], at.KeyValueCache.copy_rows
+    copies, original = [], at.AttentionCache.copy_rows
 
     def recording(self, source, target):
         assert not set(target.tolist()) & set(source.tolist())  # in place: never read after written
         copies.append(target.numel())
         return original(self, source, target)
 
-    monkeypatch.setattr(at.KeyValueCache, "copy_rows", recording)
-    with torch.no_grad():
-        cached = at.beam_search(model, src, src_mask, max_len=12, beam_size=4)
-        uncached = at.beam_search(model, src, src_mask, max_len=12, beam_size=4, cache=False)
-    assert torch.equal(cached, uncached)
+    monkeypatch.setattr(at.AttentionCache, "copy_rows", recording)
+    at.beam_search(model, src, src_mask, max_len=12, beam_size=4)
     rows = src.size(0) * 4
     assert copies and max(copies) < rows and sum(copies) < rows * len(copies) / 2
-
-
-def test_greedy_decoding_with_and_without_the_cache_agree():
-    model = small_model()
-    src, src_mask = sources()
-    with torch.no_grad():
-        cached = at.greedy_decode(model, src, src_mask, max_len=20, cache=True)
-        uncached = at.greedy_decode(model, src, src_mask, max_len=20, cache=False)
-    assert torch.equal(cached, uncached)
-    assert (cached[:, 0] == at.BOS_ID).all()
-
-
-def test_output_length_is_at_most_input_length_plus_50():
-    model = small_model()
-    src, src_mask = sources()
-    with torch.no_grad():
-        greedy = at.greedy_decode(model, src, src_mask, end_symbol=-1)
-        beam = at.beam_search(model, src, src_mask, end_symbol=-1, beam_size=2)
-    produced = (greedy[:, 1:] != at.PAD_ID).sum(-1)
-    assert produced.tolist() == [7 + 50, 4 + 50, 0 + 50, 7 + 50, 7 + 50]
-    assert ((beam[:, 1:] != at.PAD_ID).sum(-1) <= src_mask.sum(-1).squeeze(-1) + 50).all()
-    assert at.greedy_decode(model, src, src_mask, max_len=3, end_symbol=-1).size(1) == 4
-    with pytest.raises(ValueError, match="max_len must be a positive integer"):
-        at.greedy_decode(model, src, src_mask, max_len=0)
 
 
 def ends_often(model):
@@ -144,25 +125,109 @@ def ends_often(model):
     return model
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize(
+    "seed, options", [(1, {}), (5, {"pre_norm": True, "positions": "learned"})]
+)
+def test_the_cached_and_the_plain_decoder_give_the_same_tokens(seed, options):
+    model = small_model(seed, **options)
+    src, src_mask = sources(seed)
+    searches = [(at.greedy_decode, {})] + [(at.beam_search, {"beam_size": k}) for k in (2, 4)]
+    lengths = []
+    for search, settings in searches:
+        cached = search(model, src, src_mask, max_len=15, cache=True, **settings)
+        plain = search(model, src, src_mask, max_len=15, cache=False, **settings)
+        assert torch.equal(cached, plain), (search.__name__, settings)
+        lengths += (cached[:, 1:] != at.PAD_ID).sum(-1).tolist()
+    assert min(lengths) < 15 and max(lengths) == 15  # sentences end early, and at the limit
+
+
+def test_output_length_is_at_most_input_length_plus_50():
+    model = small_model()
+    src, src_mask = sources()
+    greedy = at.greedy_decode(model, src, src_mask, end_symbol=-1)
+    beam = at.beam_search(model, src, src_mask, end_symbol=-1, beam_size=2)
+    expected = [7 + 50, 4 + 50, 0 + 50, 7 + 50, 7 + 50]  # real source tokens + 50, by hand
+    assert (greedy[:, 1:] != at.PAD_ID).sum(-1).tolist() == expected
+    assert (beam[:, 1:] != at.PAD_ID).sum(-1).tolist() == expected
+    assert at.greedy_decode(model, src, src_mask, max_len=3, end_symbol=-1).size(1) == 4
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m, s, k: at.beam_search(m, s, k, beam_size=0), "beam_size must be a positive"),
+        (lambda m, s, k: at.beam_search(m, s, k, beam_size=2.0), "beam_size must be a positive"),
+        (lambda m, s, k: at.greedy_decode(m, s, k, max_len=0), "max_len must be a positive"),
+        (lambda m, s, k: at.beam_search(m, s, k, max_len=True), "max_len must be a positive"),
+    ],
+)
+def test_decoding_refuses_bad_sizes_naming_them(call, message):
+    model = small_model()
+    src, src_mask = sources()
+    with pytest.raises(ValueError, match=message):
+        call(model, src, src_mask)
+
+
+@pytest.mark.parametrize("seed", range(2))
 def test_beam_of_one_without_length_penalty_is_greedy(seed):
     model = ends_often(small_model(seed))
     src, src_mask = sources(seed)
-    with torch.no_grad():
-        greedy = at.greedy_decode(model, src, src_mask, max_len=15)
-        beam = at.beam_search(model, src, src_mask, max_len=15, beam_size=1, alpha=0.0)
+    greedy = at.greedy_decode(model, src, src_mask, max_len=15)
+    beam = at.beam_search(model, src, src_mask, max_len=15, beam_size=1, alpha=0.0)
     assert torch.equal(beam, greedy)
 
 
-def test_beam_search_with_and_without_the_cache_agree():
-    model = ends_often(small_model(3))
-    src, src_mask = sources(3)
-    with torch.no_grad():
-        cached = at.beam_search(model, src, src_mask, max_len=15, beam_size=4, alpha=0.6)
-        uncached = at.beam_search(
-            model, src, src_mask, max_len=15, beam_size=4, alpha=0.6, cache=False
-        )
-    assert torch.equal(cached, uncached)
+class TableModel:
+    """A made-up model for the plain decoder: the next word's probabilities after each
+    prefix come from a table, as in chapter 6.1's example worked by hand. Its 'decoder
+    state' at the last position is the whole prefix, so that the generator can look it up."""
+
+    def __init__(self, table, vocab=8):
+        self.table, self.vocab = table, vocab
+
+    def encode(self, src, src_mask):
+        return torch.zeros(src.size(0), src.size(1), 1)
+
+    def decode(self, memory, src_mask, ys, tgt_mask):
+        return ys.unsqueeze(1).expand(-1, ys.size(1), -1)  # every position: the prefix
+
+    def generator(self, prefixes):
+        probs = torch.full((prefixes.size(0), self.vocab), 1e-9)
+        for row, prefix in enumerate(prefixes.tolist()):
+            for token, p in self.table.get(tuple(prefix[1:]), {at.EOS_ID: 1.0}).items():
+                probs[row, token] = p
+        return probs.log()
+
+
+def test_beam_search_on_a_made_up_model_gives_the_search_worked_by_hand():
+    A, THE, DOG, MAN, EOS = 4, 5, 6, 7, at.EOS_ID
+    model = TableModel(
+        {
+            (): {A: 0.4, THE: 0.3, EOS: 0.3},
+            (A,): {DOG: 0.5, MAN: 0.3, EOS: 0.2},
+            (THE,): {DOG: 0.9, EOS: 0.1},
+        }
+    )  # after two words, </s> is certain
+    src = torch.tensor([[4, 4]])
+    src_mask = at.padding_mask(src, at.PAD_ID)
+    search = lambda **options: at.beam_search(  # noqa: E731
+        model, src, src_mask, max_len=3, cache=False, **options
+    )[0].tolist()
+    BOS = at.BOS_ID
+    # greedy: A (0.4), then dog (0.5), then </s>: p = 0.2
+    assert search(beam_size=1, alpha=0.0) == [BOS, A, DOG, EOS]
+    assert at.greedy_decode(model, src, src_mask, max_len=3, cache=False)[0].tolist() == [
+        BOS,
+        A,
+        DOG,
+        EOS,
+    ]
+    # a beam of 2 without penalty: "</s>" at once (0.3) beats "The dog </s>" (0.27), and
+    # after step 2 no live hypothesis can beat 0.3 any more: the search stops
+    assert search(beam_size=2, alpha=0.0) == [BOS, EOS]
+    # alpha = 1: log 0.27 / (8/6) = -0.98 ranks above log 0.3 / 1 = -1.20
+    assert math.log(0.27) / at.length_penalty(3, 1.0) > math.log(0.3) / at.length_penalty(1, 1.0)
+    assert search(beam_size=2, alpha=1.0) == [BOS, THE, DOG, EOS]
 
 
 def sequence_score(model, src, src_mask, tokens, alpha):
@@ -186,8 +251,7 @@ def test_a_wide_enough_beam_finds_the_best_output_by_exhaustive_search():
         for prefix in itertools.product([t for t in range(6) if t != at.EOS_ID], repeat=n)
     ] + list(itertools.product(range(6), repeat=limit))  # the limit ends these
     best = max(candidates, key=lambda c: sequence_score(model, src, src_mask, c, alpha))
-    with torch.no_grad():
-        found = at.beam_search(model, src, src_mask, max_len=limit, beam_size=6**limit, alpha=alpha)
+    found = at.beam_search(model, src, src_mask, max_len=limit, beam_size=6**limit, alpha=alpha)
     assert tuple(found[0, 1:].tolist()) == best
 
 
@@ -197,93 +261,10 @@ def test_length_penalty_is_wu_et_al():
     assert math.isclose(at.length_penalty(20, 0.6), (25 / 6) ** 0.6)
 
 
-def test_a_bad_beam_size_is_refused():
-    model = small_model()
-    src, src_mask = sources()
-    with pytest.raises(ValueError, match="beam_size must be a positive integer"):
-        at.beam_search(model, src, src_mask, beam_size=0)
-
-
-# ---- beam search: the vectorised search gives the previous implementation's outputs --------
-
-
-def old_beam_search(
-    model,
-    src,
-    src_mask,
-    max_len=None,
-    start_symbol=at.BOS_ID,
-    end_symbol=at.EOS_ID,
-    beam_size=4,
-    alpha=0.6,
-    cache=True,
-):
-    """The previous beam_search of chapter 6.1, kept only to pin behaviour: it walked each
-    sentence's candidates in Python at every step. The vectorised at.beam_search must give
-    exactly its outputs (test_beam_search_equals_the_previous_implementation)."""
-    if not isinstance(beam_size, int) or beam_size <= 0:
-        raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
-    batch, k, device = src.size(0), beam_size, src.device
-    limits = at.output_limits(src_mask, max_len).tolist()
-    memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)
-    src_mask = src_mask.repeat_interleave(k, dim=0)
-    kv = at.KeyValueCache(model, memory) if cache else None
-    ys = torch.full((batch * k, 1), start_symbol, dtype=torch.long, device=device)
-    # all k hypotheses start as the same empty prefix: keep only one of them alive at first
-    scores = torch.full((batch, k), float("-inf"), device=device)
-    scores[:, 0] = 0.0
-    finished = [[] for _ in range(batch)]  # (log P / lp, tokens) of ended hypotheses
-    done = [False] * batch
-    for t in range(max(limits)):
-        length = t + 1  # tokens in a hypothesis after this step, end_symbol included
-        log_probs = at.next_log_probs(model, memory, src_mask, ys, kv).float()
-        vocab = log_probs.size(-1)
-        candidates = (scores.unsqueeze(-1) + log_probs.view(batch, k, vocab)).view(batch, -1)
-        # 2k candidates: even if k of them end here, k others can go on
-        top_scores, top_index = candidates.topk(min(2 * k, candidates.size(-1)), dim=-1)
-        new_scores = torch.full((batch, k), float("-inf"), device=device)
-        new_rows = torch.arange(batch, device=device).repeat_interleave(k) * k
-        new_tokens = torch.full((batch, k), at.PAD_ID, dtype=torch.long, device=device)
-        prefixes = ys[:, 1:].tolist()
-        for b in range(batch):
-            if done[b]:
-                continue
-            alive = 0
-            for score, index in zip(top_scores[b].tolist(), top_index[b].tolist()):
-                if score == float("-inf") or alive == k:
-                    break
-                row, token = b * k + index // vocab, index % vocab
-                if token == end_symbol or length >= limits[b]:
-                    hypothesis = prefixes[row] + [token]
-                    finished[b].append((score / at.length_penalty(length, alpha), hypothesis))
-                else:
-                    new_scores[b, alive], new_tokens[b, alive] = score, token
-                    new_rows[b * k + alive] = row
-                    alive += 1
-            # log P only falls as a hypothesis grows, and lp is largest at the length limit:
-            # no live hypothesis can end above best_alive / lp(limit)
-            best_finished = max((s for s, _ in finished[b]), default=float("-inf"))
-            bound = new_scores[b, 0].item() / at.length_penalty(limits[b], alpha)
-            done[b] = alive == 0 or best_finished >= bound
-        if all(done):
-            break
-        ys = torch.cat([ys[new_rows], new_tokens.view(-1, 1)], dim=1)
-        scores = new_scores
-        if kv is not None:
-            kv.reorder(new_rows)
-    best = [max(hypotheses)[1] if hypotheses else [] for hypotheses in finished]
-    out = torch.full((batch, 1 + max(map(len, best))), at.PAD_ID, dtype=torch.long, device=device)
-    out[:, 0] = start_symbol
-    for b, tokens in enumerate(best):
-        out[b, 1 : 1 + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-    return out
-
-
 @pytest.fixture(scope="module")
 def copy_model():
     """A model trained 60 steps on the copy task (6 symbols, then </s>): it emits </s>
-    after about 6 tokens, so its searches finish hypotheses of several lengths, which the
-    length penalty ranks differently, and stop long before the length limit."""
+    after about 6 tokens, so its searches stop long before the paper's length limit."""
     generator = torch.Generator().manual_seed(0)
     config = at.TrainConfig(
         model=at.ModelConfig(N=1, d_model=32, d_ff=64, h=2, dropout=0.0, share_embeddings=False),
@@ -294,8 +275,6 @@ def copy_model():
     torch.set_num_threads(1)  # a model this small gains nothing from two, and busy cores slow it
     try:
         run = at.build_training(config, 12)
-        # long enough to end sentences, short enough to stay unsure of where: trained
-        # longer, its searches rank hypotheses alike with and without the length penalty
         for _ in range(60):
             batch = at.Batch.from_ids(at.copy_task_pairs(32, 12, 6, generator))
             at.train_step(run.model, batch, run.optimizer, run.scheduler, run.scaler, 0.0)
@@ -317,73 +296,25 @@ def copy_sources(seed):
 
 
 def count_steps(monkeypatch):
-    """Record each call of at.next_log_probs (one per decoding step) in the returned list."""
-    calls, original = [], at.next_log_probs
+    """Record each step of the cached decoder (one call of next_log_probs per step)."""
+    calls, original = [], at.KeyValueCache.next_log_probs
 
-    def counting(*args):
+    def counting(self, ys):
         calls.append(1)
-        return original(*args)
+        return original(self, ys)
 
-    monkeypatch.setattr(at, "next_log_probs", counting)
+    monkeypatch.setattr(at.KeyValueCache, "next_log_probs", counting)
     return calls
 
 
-def pinned_cases(seed, copy_model):
-    """(name, model, src, src_mask, max_len): untrained models whose end symbol is made
-    likely (once or twice), and the copy-task model at the paper's limit, input length + 50."""
-    return [
-        ("end likely", ends_often(small_model(seed)), *sources(seed), 15),
-        ("end very likely", ends_often(ends_often(small_model(seed + 10))), *sources(seed), 15),
-        ("copy task", copy_model, *copy_sources(seed), None),
-    ]
-
-
-@pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("beam_size", [1, 2, 4])
-@pytest.mark.parametrize("alpha", [0.0, 0.6])
-def test_beam_search_equals_the_previous_implementation(
-    copy_model, monkeypatch, seed, beam_size, alpha
-):
+def test_beam_search_stops_once_no_live_hypothesis_can_win(copy_model, monkeypatch):
+    """The copy model ends its outputs after about 7 tokens; the limit is 50 more than the
+    input. Once every sentence's best finished hypothesis is out of reach, the search stops."""
     calls = count_steps(monkeypatch)
-    for name, model, src, src_mask, max_len in pinned_cases(seed, copy_model):
-        for cache in (True, False) if beam_size == 4 else (True,):
-            options = {"beam_size": beam_size, "alpha": alpha, "cache": cache}
-            with torch.no_grad():
-                new = at.beam_search(model, src, src_mask, max_len, **options)
-                new_steps = len(calls)
-                old = old_beam_search(model, src, src_mask, max_len, **options)
-            assert torch.equal(new, old), (name, options)
-            assert new_steps == len(calls) - new_steps, (name, options)  # stopped at the same step
-            calls.clear()
-
-
-def test_the_pinned_cases_reach_every_rule_of_the_search(copy_model, monkeypatch):
-    """The cases above are not all alike: sentences end with </s> before the limit, the
-    length penalty changes which hypothesis wins, and the early stop ends searches long
-    before the limit (a beam never runs out of hypotheses that go on before it)."""
-    with torch.no_grad():
-        lengths = torch.cat(
-            [
-                (at.beam_search(model, src, src_mask, max_len)[:, 1:] != at.PAD_ID).sum(-1)
-                for seed in range(3)
-                for _, model, src, src_mask, max_len in pinned_cases(seed, copy_model)[:2]
-            ]
-        )
-        assert (lengths < 15).any() and (lengths == 15).any()  # </s> before the limit, and at it
-        changed = 0  # sentences whose best hypothesis differs between alpha 0 and 0.6
-        for seed, beam_size in itertools.product(range(3), (2, 4)):
-            for _, model, src, src_mask, max_len in pinned_cases(seed, copy_model):
-                outputs = [
-                    at.beam_search(model, src, src_mask, max_len, beam_size=beam_size, alpha=alpha)
-                    for alpha in (0.0, 0.6)
-                ]
-                changed += sum(a != b for a, b in zip(*(out.tolist() for out in outputs)))
-        assert changed > 0
-        calls = count_steps(monkeypatch)
-        for seed, beam_size in itertools.product(range(3), (2, 4)):
-            src, src_mask = copy_sources(seed)
-            out = at.beam_search(copy_model, src, src_mask, beam_size=beam_size, alpha=0.6)
-            assert all(at.EOS_ID in row for row in out.tolist())
+    for seed, beam_size in itertools.product(range(3), (2, 4)):
+        src, src_mask = copy_sources(seed)
+        out = at.beam_search(copy_model, src, src_mask, beam_size=beam_size, alpha=0.6)
+        assert all(at.EOS_ID in row for row in out.tolist())
     assert len(calls) <= 12 * 6  # 6 searches, 12 steps each at most on average, of 50 or more
 
 
@@ -401,8 +332,7 @@ def test_beam_search_reads_the_device_once_per_step(copy_model, monkeypatch):
             return _original(self, *args)
 
         monkeypatch.setattr(torch.Tensor, name, counting)
-    with torch.no_grad():
-        at.beam_search(copy_model, src, src_mask, beam_size=4)
+    at.beam_search(copy_model, src, src_mask, beam_size=4)
     assert 0 < len(steps) and len(reads) <= len(steps) + 3
 
 
@@ -474,11 +404,18 @@ def test_averaging_two_checkpoints_is_the_mean_of_their_weights(tiny_run, tmp_pa
 
 def test_checkpoints_of_different_runs_are_not_averaged(tiny_run, tmp_path):
     folder, _, _ = tiny_run
-    other = dict(torch.load(at.snapshot_paths(folder)[-1], weights_only=True))
+    last = at.snapshot_paths(folder)[-1]
+    other = dict(torch.load(last, weights_only=True))
     other["config"] = {**other["config"], "smoothing": 0.3}
     torch.save(other, tmp_path / "other.pt")
-    with pytest.raises(ValueError, match="differently configured runs"):
-        at.average_checkpoints([at.snapshot_paths(folder)[-1], tmp_path / "other.pt"])
+    with pytest.raises(ValueError, match="have a different config: they come from different"):
+        at.average_checkpoints([last, tmp_path / "other.pt"])
+    # a run on other sentences: the same config, another vocabulary
+    at.train(TINY, toy_pairs(seed=3), tmp_path / "b", log=quiet)
+    second = at.snapshot_paths(tmp_path / "b")[-1]
+    assert json.loads(other["tokenizer"]) != json.loads(at.read_checkpoint(second)["tokenizer"])
+    with pytest.raises(ValueError, match="have a different tokenizer: they come from different"):
+        at.average_checkpoints([last, second])
     with pytest.raises(ValueError, match="at least one"):
         at.average_checkpoints([])
 
@@ -495,12 +432,9 @@ def test_load_checkpoint_restores_the_trained_model(tiny_run):
         )
 
 
-def test_load_checkpoint_says_what_is_wrong(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
-        at.load_checkpoint(tmp_path / "missing.pt")
-    torch.save({"weights": torch.ones(2)}, tmp_path / "other.pt")
-    with pytest.raises(ValueError, match="not a checkpoint written by train"):
-        at.load_checkpoint(tmp_path / "other.pt")
+def test_load_checkpoint_of_a_missing_file_says_what_to_do(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint at .*; train one with"):
+        at.load_checkpoint(tmp_path / "nothing.pt")
 
 
 # ---- translate and BLEU --------------------------------------------------------------------
@@ -535,8 +469,44 @@ def test_translate_handles_unknown_characters_and_refuses_bad_input(tiny_run):
         at.translate(model, tokenizer, "a dog")
     with pytest.raises(TypeError, match="sentence 1 is a int"):
         at.translate(model, tokenizer, ["a dog", 3])
-    with pytest.raises(ValueError, match="sentence 0 is .* tokens long"):
-        at.translate(model, tokenizer, ["dog " * 5000])
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"batch_size": -1}, "batch_size must be a positive integer, got -1"),
+        ({"batch_size": 0}, "batch_size must be a positive integer, got 0"),
+        ({"beam_size": 0}, "beam_size must be a positive integer, got 0"),
+        ({"alpha": float("nan")}, "alpha must be a finite number >= 0, got nan"),
+        ({"alpha": -0.5}, "alpha must be a finite number >= 0, got -0.5"),
+    ],
+)
+def test_translate_refuses_bad_decoding_settings(tiny_run, options, message):
+    folder, _, _ = tiny_run
+    model, tokenizer = at.load_checkpoint(folder / "checkpoint.pt")
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        at.translate(model, tokenizer, ["a dog"], **options)
+
+
+@pytest.mark.parametrize(
+    "max_len, fits",
+    [(5000, "at most 4950 tokens fit"), (40, "no sentence fits"), (54, "at most 4 tokens fit")],
+)
+def test_a_sentence_too_long_for_the_positional_tables_is_refused_with_possible_numbers(
+    tiny_run, max_len, fits
+):
+    folder, _, _ = tiny_run
+    _, tokenizer = at.load_checkpoint(folder / "checkpoint.pt")
+    vocab = tokenizer.get_vocab_size()
+    model = at.make_model(vocab, vocab, N=1, d_model=16, d_ff=32, h=2, max_len=max_len)
+    sentence = "dog " * 5000 if max_len == 5000 else "a man runs on the red street"
+    n = len(tokenizer.encode(sentence).ids) + 1  # and </s>
+    with pytest.raises(ValueError) as refused:
+        at.translate(model, tokenizer, [sentence])
+    message = str(refused.value)
+    assert f"sentence 0 is {n} tokens long" in message and fits in message
+    assert f"tables of {n} (source) and {n + 50} (target) rows" in message
+    assert not re.search(r"-\d", message)  # no negative count of tokens, ever
 
 
 def test_evaluate_bleu_scores_with_sacrebleu(tiny_run, monkeypatch):
@@ -552,80 +522,3 @@ def test_evaluate_bleu_scores_with_sacrebleu(tiny_run, monkeypatch):
     monkeypatch.setattr(at, "translate", lambda *args, **kwargs: lowercase_first)
     scores = at.evaluate_bleu(model, tokenizer, pairs)
     assert 0 < scores["bleu"] < 100 and scores["bleu_lowercase"] == 100.0
-
-
-def test_evaluate_command_line_writes_the_table(tiny_run, tmp_path, monkeypatch):
-    import evaluate
-
-    folder, _, _ = tiny_run
-    monkeypatch.setattr(at, "load_multi30k", lambda split, data_dir=None: toy_pairs(8, seed=2))
-    # a 6-step model rarely ends a sentence: cap outputs at 5 tokens to keep this test fast
-    capped = lambda src_mask, max_len=None: torch.full((src_mask.size(0),), 5)  # noqa: E731
-    monkeypatch.setattr(at, "output_limits", capped)
-    assert evaluate.main(["--run", str(folder), "--out", str(tmp_path), "--average", "2"]) == 0
-    evaluation = json.loads((tmp_path / "evaluation.json").read_text())
-    assert evaluation["steps"] == 6 and evaluation["averaged_steps"] == [3, 6]
-    seconds = torch.load(folder / "checkpoint.pt", weights_only=True)["seconds"]
-    assert evaluation["train_hours"] == round(seconds / 3600, 2)  # kept by the checkpoint
-    assert len(evaluation["results"]) == 8  # 2 weights x 2 sets x 2 decodings
-    assert {r["decoding"] for r in evaluation["results"]} == {"greedy", "beam 4, alpha 0.6"}
-    assert len(evaluation["samples"]) == 8
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert metrics["history"][0]["step"] == 6  # one window of 10 steps, ending at step 6
-    assert (tmp_path / "averaged.pt").exists() and not (folder / "averaged.pt").exists()
-    # the averaged weights are stored in float16, and load back into a float32 model
-    stored = at.read_checkpoint(tmp_path / "averaged.pt")["model"]
-    assert {t.dtype for t in stored.values() if t.is_floating_point()} == {torch.float16}
-    expected = at.average_checkpoints(at.snapshot_paths(folder)[-2:])["model"]
-    model, _ = at.load_checkpoint(tmp_path / "averaged.pt")
-    for name, tensor in model.state_dict().items():
-        assert tensor.dtype == torch.float32
-        assert torch.equal(tensor, expected[name].half().float())
-
-
-def test_evaluate_within_hours_scores_the_run_as_it_stood_then(tmp_path, monkeypatch):
-    import evaluate
-
-    # a run that validates at every snapshot, so each records its training time
-    config = dataclasses.replace(TINY, eval_every=3, bleu_sentences=2)
-    folder = tmp_path / "run"
-    at.train(config, toy_pairs(), folder, val_pairs=toy_pairs(4, seed=3), log=quiet)
-    # the tiny run takes well under a second: give its snapshots the training times of a
-    # long one, half an hour and two hours, so that one hour falls between them
-    for path, seconds in zip(at.snapshot_paths(folder), (1800.0, 7200.0)):
-        payload = at.read_checkpoint(path)
-        payload["validation"]["seconds"] = seconds
-        at.save_checkpoint(path, payload)
-    monkeypatch.setattr(at, "load_multi30k", lambda split, data_dir=None: toy_pairs(4, seed=2))
-    capped = lambda src_mask, max_len=None: torch.full((src_mask.size(0),), 5)  # noqa: E731
-    monkeypatch.setattr(at, "output_limits", capped)
-    hours = "1"
-    out = tmp_path / "early"
-    assert evaluate.main(["--run", str(folder), "--out", str(out), "--within-hours", hours]) == 0
-    evaluation = json.loads((out / "evaluation.json").read_text())
-    assert evaluation["steps"] == 3 and evaluation["averaged_steps"] == [3]
-    assert evaluation["train_seconds"] == 1800.0
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert [v["step"] for v in metrics["validation"]] == [3]
-    assert max(h["step"] for h in metrics["history"]) <= 3
-
-
-def test_evaluate_within_hours_refuses_snapshots_without_training_time(tiny_run, tmp_path, capsys):
-    import evaluate
-
-    folder, _, _ = tiny_run  # trained without validation pairs
-    flags = ["--run", str(folder), "--out", str(tmp_path / "o"), "--within-hours", "1"]
-    assert evaluate.main(flags) == 2
-    assert "records no training time" in capsys.readouterr().err
-
-
-def test_training_time_is_read_from_the_log_across_resumes(tmp_path):
-    import evaluate
-
-    log = tmp_path / "train.log"
-    log.write_text(
-        "training quick ...\nstep 200: loss 3.5, lr 1e-3, 290 s, checkpoint written\n"
-        "step 400: loss 3.0, lr 1e-3, 580 s, checkpoint written\nresumed from x at step 400\n"
-        "step 600: loss 2.9, lr 1e-3, 300 s, checkpoint written\n"
-    )
-    assert evaluate.training_seconds(log) == 880

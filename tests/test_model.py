@@ -36,7 +36,8 @@ def toy_batch():
 def test_subsequent_mask_is_boolean_lower_triangular():
     mask = at.subsequent_mask(4)
     assert mask.shape == (1, 4, 4) and mask.dtype == torch.bool
-    assert torch.equal(mask[0], torch.ones(4, 4).tril().bool())
+    # position i may attend to position j exactly when j <= i
+    assert mask[0].tolist() == [[j <= i for j in range(4)] for i in range(4)]
 
 
 def test_target_mask_combines_padding_and_future():
@@ -72,37 +73,6 @@ def test_fused_and_reference_multi_head_attention_agree(mask_kind):
     mask = at.padding_mask(tokens, PAD) if mask_kind == "padding" else at.target_mask(tokens, PAD)
     torch.testing.assert_close(fused(x, x, x, mask), reference(x, x, x, mask), atol=1e-5, rtol=0)
     assert reference.weights.shape == (2, 4, 6, 6) and fused.weights is None
-
-
-@pytest.mark.parametrize("fused", [True, False])
-@pytest.mark.parametrize("mask_kind", ["none", "padding", "causal"])
-def test_queries_in_groups_read_one_copy_of_the_keys(fused, mask_kind):
-    """Beam search's case: 3 query rows per key row (3 hypotheses of one sentence) give what
-    each row gives with its own copy of the keys, values and mask."""
-    torch.manual_seed(0)
-    attention = at.MultiHeadedAttention(4, 32, fused=fused).eval()
-    query, memory = torch.randn(6, 5, 32), torch.randn(2, 7, 32)
-    tokens = torch.tensor([[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, PAD, PAD, PAD]])
-    mask = {
-        "none": None,
-        "padding": at.padding_mask(tokens, PAD),
-        "causal": at.subsequent_mask(7)[:, :5].expand(2, 5, 7) & at.padding_mask(tokens, PAD),
-    }[mask_kind]
-    repeat = lambda x: None if x is None else x.repeat_interleave(3, dim=0)  # noqa: E731
-    with torch.no_grad():
-        grouped = attention(query, memory, memory, mask, at.AttentionCache(growing=False))
-        copied = attention(query, repeat(memory), repeat(memory), repeat(mask))
-    torch.testing.assert_close(grouped, copied, atol=1e-5, rtol=0)
-
-
-def test_queries_that_do_not_group_evenly_are_refused():
-    attention = at.MultiHeadedAttention(4, 32).eval().requires_grad_(False)
-    memory = torch.randn(2, 7, 32)
-    with pytest.raises(ValueError, match="5 query rows cannot form equal groups for 2 key rows"):
-        attention(torch.randn(5, 1, 32), memory, memory, None, at.AttentionCache(growing=False))
-    with pytest.raises(ValueError, match="the mask has 6 rows; it needs one per key row"):
-        mask = torch.ones(6, 1, 7, dtype=torch.bool)
-        attention(torch.randn(6, 1, 32), memory, memory, mask, at.AttentionCache(growing=False))
 
 
 def test_fused_and_reference_whole_model_agree():
@@ -184,9 +154,18 @@ def test_sequence_longer_than_the_table_is_refused():
 # ---- parameters and weight sharing ----------------------------------------------------
 
 
-def test_base_model_has_about_65M_parameters():
-    model = at.make_model(37000, 37000, share_embeddings=True)
-    assert abs(at.count_parameters(model) - 65e6) / 65e6 < 0.05
+def test_base_model_has_the_parameters_of_the_papers_formula():
+    # per layer, by hand: 4 d^2 per attention (W^Q, W^K, W^V, W^O, no biases), 2 d d_ff +
+    # d_ff + d for Eq. (2), 2 d per LayerNorm; one shared V x d matrix for both embeddings
+    # and the pre-softmax projection (§3.4)
+    d, d_ff, V, N = 512, 2048, 37000, 6
+    ffn = 2 * d * d_ff + d_ff + d
+    encoder_layer = 4 * d * d + ffn + 2 * 2 * d
+    decoder_layer = 2 * 4 * d * d + ffn + 3 * 2 * d
+    expected = N * (encoder_layer + decoder_layer) + V * d
+    model = at.make_model(V, V, share_embeddings=True)
+    assert at.count_parameters(model) == expected == 63_045_632
+    assert abs(expected - 65e6) / 65e6 < 0.05  # Table 3 rounds the base model to 65M
     embedding = model.src_embed[0].embedding.weight
     assert model.tgt_embed[0].embedding.weight is embedding
     assert model.generator.projection.weight is embedding
@@ -203,13 +182,23 @@ def test_unshared_model_has_three_matrices():
 # ---- post-LN ---------------------------------------------------------------------------
 
 
+def layer_norm(x, norm):
+    """LayerNorm from its formula (Ba et al., 2016), in float64: (x - mean) / sqrt(var + eps),
+    scaled and shifted by the norm's weight and bias."""
+    x = x.double()
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + norm.eps) * norm.weight.double() + norm.bias.double()
+
+
 def _sublayer_calls(model):
     """Record (input, sub-layer output, block output) for every residual block that runs."""
     calls = []
 
     def hook(block, args, output):
         x, sublayer = args
-        calls.append((block, x, sublayer(x if not block.pre_norm else block.norm(x)), output))
+        inner = layer_norm(x, block.norm).float() if block.pre_norm else x
+        calls.append((block, x, sublayer(inner), output))
 
     for block in model.modules():
         if isinstance(block, at.SublayerConnection):
@@ -225,7 +214,9 @@ def test_post_ln_by_default_every_block_is_layernorm_of_the_sum():
     assert len(calls) == 2 * 2 + 2 * 3  # N=2 encoder layers x 2 blocks + N=2 decoder layers x 3
     for block, x, sub, output in calls:
         assert not block.pre_norm
-        assert torch.equal(output, block.norm(x + sub))
+        torch.testing.assert_close(
+            output.double(), layer_norm(x + sub, block.norm), atol=1e-5, rtol=0
+        )
     assert isinstance(model.encoder.norm, torch.nn.Identity)
     assert isinstance(model.decoder.norm, torch.nn.Identity)
 
@@ -247,8 +238,8 @@ def test_pre_ln_is_an_option_with_a_final_norm():
     with torch.no_grad():
         model(*toy_batch())
     for block, x, sub, output in calls:
-        assert block.pre_norm
-        assert torch.equal(output, x + sub)
+        assert block.pre_norm  # sub: the sub-layer of the formula's LayerNorm(x)
+        torch.testing.assert_close(output, x + sub, atol=1e-5, rtol=0)
     assert isinstance(model.encoder.norm, torch.nn.LayerNorm)
     assert isinstance(model.decoder.norm, torch.nn.LayerNorm)
 
@@ -279,10 +270,43 @@ def test_bad_vocabularies_raise_value_error():
         at.make_model(100, 0, N=1)
 
 
-def test_multi_head_attention_validates_its_sizes():
-    with pytest.raises(ValueError, match="d_model=512 is not divisible by h=7"):
-        at.MultiHeadedAttention(7, 512)
-    assert at.MultiHeadedAttention(7, 512, d_k=64, d_v=64).w_o.in_features == 7 * 64
+def test_explicit_d_k_and_d_v_size_the_projections():
+    attention = at.MultiHeadedAttention(7, 512, d_k=64, d_v=32)
+    assert attention.w_q.out_features == attention.w_k.out_features == 7 * 64
+    assert attention.w_v.out_features == attention.w_o.in_features == 7 * 32
+    x = torch.randn(2, 3, 512)
+    assert attention(x, x, x).shape == (2, 3, 512)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_float_mask_is_refused_on_both_attention_paths(fused):
+    model = at.make_model(20, 20, N=1, d_model=16, d_ff=32, h=2, fused=fused).eval()
+    src = torch.randint(4, 20, (2, 5))
+    mask = at.padding_mask(src, at.PAD_ID)
+    with pytest.raises(TypeError, match="mask must be a bool tensor"):
+        model.encode(src, mask.float())
+    model.encode(src, mask)  # the bool mask works
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_query_that_sees_nothing_outputs_zeros_on_both_paths(fused, monkeypatch):
+    fused_kernel = F.scaled_dot_product_attention
+
+    def nan_where_nothing_is_seen(query, key, value, attn_mask=None, **options):
+        """Some backends of the fused kernel return NaN (0/0) for a query that may attend to
+        nothing, as softmax over -inf alone would; this CPU one returns zeros. Act as they do."""
+        out = fused_kernel(query, key, value, attn_mask=attn_mask, **options)
+        return out.masked_fill(~attn_mask.any(-1, keepdim=True), float("nan"))
+
+    monkeypatch.setattr(at.F, "scaled_dot_product_attention", nan_where_nothing_is_seen)
+    attention = at.MultiHeadedAttention(4, 32, fused=fused).eval()
+    x = torch.randn(2, 3, 32)
+    mask = torch.ones(2, 3, 3, dtype=torch.bool)
+    mask[1, 2] = False  # query 2 of sentence 1 may attend to nothing
+    with torch.no_grad():
+        out = attention(x, x, x, mask)
+    assert torch.equal(out[1, 2], torch.zeros(32))  # W^O has no bias: zeros stay zeros
+    assert (out[0].abs().sum(-1) > 0).all() and (out[1, :2].abs().sum(-1) > 0).all()
 
 
 @pytest.mark.parametrize("fused", [True, False])
