@@ -204,6 +204,10 @@ def main(argv=None):
         paths = args.execute or [
             ROOT / f"{file}.ipynb" for file in toc_files() if (ROOT / f"{file}.ipynb").exists()
         ]
+        missing = [str(path) for path in paths if not path.is_file()]
+        if missing:
+            print(f"export: no such notebook: {', '.join(missing)}", file=sys.stderr)
+            return 2
         for path in paths:
             start = time.perf_counter()
             execute(path.resolve(), args.timeout)

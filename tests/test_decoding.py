@@ -274,7 +274,7 @@ def copy_model():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a model this small gains nothing from two, and busy cores slow it
     try:
-        run = at.build_training(config, 12)
+        run = at.RunState.new(config, 12)
         for _ in range(60):
             batch = at.Batch.from_ids(at.copy_task_pairs(32, 12, 6, generator))
             at.train_step(run.model, batch, run.optimizer, run.scheduler, run.scaler, 0.0)

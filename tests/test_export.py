@@ -141,3 +141,12 @@ def test_no_script_imports_another_script():
             )
             borrowed += [f"{path.name} imports {n}" for n in names if n in scripts]
     assert not borrowed, borrowed
+
+
+def test_executing_a_missing_notebook_is_refused_by_name(tmp_path, monkeypatch, capsys):
+    module = tmp_path / "annotated_transformer.py"
+    module.write_text(export.generate())
+    monkeypatch.setattr(export, "MODULE", module)
+    assert export.main(["--execute", str(tmp_path / "nope.ipynb")]) == 2
+    error = capsys.readouterr().err
+    assert "no such notebook" in error and "nope.ipynb" in error
