@@ -1,0 +1,221 @@
+"""Translate German into English with the book's translator (chapter 6.1), or any other
+checkpoint: sentences from the command line, from a file or from standard input, one per
+line; translations on standard output or into a file, one line for each input line, in order.
+
+    python code/translate.py "Ein Hund rennt über die Wiese."
+    python code/translate.py --input german.txt --output english.txt
+    echo "Zwei Männer spielen Fußball." | python code/translate.py --greedy
+    python code/translate.py --input test2016.de --reference test2016.en > hypotheses.en
+
+By default: the averaged weights that ship in results/multi30k/averaged.pt, beam search with
+beam 4 and length penalty 0.6 (§6.1), batches of sentences of similar length, the GPU when
+there is one. An empty input line gives an empty output line, so files stay aligned. With
+--reference, the translations are scored with sacreBLEU (cased, as evaluate.py reports) and
+the score and its signature go to standard error, so that standard output carries only
+translations. Bad input (bytes that are not UTF-8, a sentence longer than the model can
+translate, a reference file of another length, a file that is not a checkpoint) ends with
+one line on standard error and exit code 2 before anything is translated; --output is
+written only once every line is translated.
+"""
+
+import argparse
+import os
+import pathlib
+import re
+import sys
+import tempfile
+
+import sacrebleu
+from tqdm import tqdm
+
+import annotated_transformer as at
+import cli
+
+SHIPPED = pathlib.Path(__file__).resolve().parent.parent / "results" / "multi30k" / "averaged.pt"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "sentences",
+        nargs="*",
+        help="German sentences, one per argument (default: read --input or standard input)",
+    )
+    parser.add_argument(
+        "--input", type=cli.given_path, help="a UTF-8 text file of German sentences, one a line"
+    )
+    parser.add_argument(
+        "--output", type=cli.given_path, help="write the translations here (default: stdout)"
+    )
+    parser.add_argument(
+        "--reference",
+        type=cli.given_path,
+        help="English references, one for each input line: print sacreBLEU on stderr",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        type=cli.given_path,
+        default=SHIPPED,
+        help="a train.py checkpoint or snapshot, or an evaluate.py averaged.pt "
+        "(default: the book's translator, results/multi30k/averaged.pt)",
+    )
+    decoding = parser.add_mutually_exclusive_group()
+    decoding.add_argument(
+        "--beam-size", type=cli.positive_int, default=4, help="hypotheses kept (default: 4)"
+    )
+    decoding.add_argument("--greedy", action="store_true", help="greedy decoding (beam 1)")
+    parser.add_argument(
+        "--alpha",
+        type=cli.non_negative_float,
+        default=0.6,
+        help="length penalty of beam search (default: 0.6)",
+    )
+    parser.add_argument(
+        "--batch-size", type=cli.positive_int, default=64, help="sentences per batch"
+    )
+    cli.add_device_flag(parser)
+    parser.add_argument("--threads", type=cli.positive_int, help="CPU threads (default: PyTorch's)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    if args.sentences and args.input:
+        parser.error("give sentences as arguments or --input FILE, not both")
+    return args
+
+
+def read_lines(data, name):
+    """The lines of `data` (bytes), decoded as UTF-8; a line that is not UTF-8 is refused
+    by number. Lines end at "\\n" only (a trailing "\\r" is dropped), so that line i of the
+    output answers line i of the input."""
+    lines = data.removeprefix(b"\xef\xbb\xbf").split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()  # the newline that ends the last line
+    decoded = []
+    for number, line in enumerate(lines, 1):
+        try:
+            decoded.append(line.removesuffix(b"\r").decode("utf-8"))
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"line {number} of {name} is not UTF-8 text (byte {line[error.start]:#04x} "
+                f"at column {error.start + 1})"
+            ) from None
+    return decoded
+
+
+def read_sources(args):
+    """The sentences to translate, and how to name sentence i in a message."""
+    if args.sentences:
+        for number, sentence in enumerate(args.sentences, 1):
+            try:
+                sentence.encode("utf-8")
+            except UnicodeEncodeError:  # bytes that are not UTF-8 arrive as surrogates
+                raise ValueError(f"argument {number} is not UTF-8 text") from None
+        return list(args.sentences), lambda i: f"argument {i + 1}"
+    if args.input is not None:
+        return read_lines(
+            args.input.read_bytes(), args.input
+        ), lambda i: f"line {i + 1} of {args.input}"
+    if sys.stdin.isatty() and not args.quiet:
+        print("German sentences, one a line; end with Ctrl-D:", file=sys.stderr)
+    lines = read_lines(sys.stdin.buffer.read(), "standard input")
+    return lines, lambda i: f"line {i + 1} of standard input"
+
+
+def load_translator(path, device):
+    """load_checkpoint, with any failure to build a translator from the file said in one
+    line (the file may hold anything: its contents decide what fails)."""
+    try:
+        return at.load_checkpoint(path, device)
+    except (OSError, ValueError):
+        raise  # load_checkpoint's own messages name the file and the problem
+    except Exception as error:  # a checkpoint of something else: a wrong config or weights
+        first = str(error).strip().partition("\n")[0]
+        raise ValueError(
+            f"{path} is not a translator's checkpoint ({type(error).__name__}: {first})"
+        ) from None
+
+
+def check_lengths(model, tokenizer, sentences, where):
+    """encode_sentences' refusal of a sentence too long for the model, naming the input
+    line instead of the sentence's index."""
+    try:
+        return at.encode_sentences(model, tokenizer, sentences)
+    except ValueError as error:
+        found = re.match(r"sentence (\d+) (.*)", str(error), re.DOTALL)
+        if not found:
+            raise
+        raise ValueError(f"{where(int(found[1]))} {found[2]}") from None
+
+
+def translate_all(model, tokenizer, sentences, encoded, beam_size, alpha, batch_size, bar):
+    """at.translate, one batch at a time to drive the progress bar: the same batches as one
+    call on all sentences (sorted by length, blanks left out), so the same translations."""
+    results = [""] * len(sentences)
+    order = sorted(encoded, key=lambda i: len(encoded[i]))
+    bar.update(len(sentences) - len(order))  # blank lines: nothing to translate
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        batch = [sentences[i] for i in chunk]
+        for i, text in zip(
+            chunk, at.translate(model, tokenizer, batch, beam_size, alpha, batch_size)
+        ):
+            results[i] = text
+        bar.update(len(chunk))
+    return results
+
+
+def write_atomically(path, text):
+    """Write `text` to `path` through a temporary file in the same folder and a rename, so
+    that the file is either absent (or as before) or complete."""
+    path = pathlib.Path(path)
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as file:
+            file.write(text)
+        os.replace(tmp, path)
+    finally:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+
+
+@cli.user_errors_exit_2("translate.py")
+def main(argv=None):
+    args = parse_args(argv)
+    if args.threads:
+        cli.set_threads(args.threads)
+    sentences, where = read_sources(args)
+    references = None
+    if args.reference is not None:
+        references = read_lines(args.reference.read_bytes(), args.reference)
+        if len(references) != len(sentences):
+            raise ValueError(
+                f"--reference {args.reference} has {len(references)} lines and the input "
+                f"{len(sentences)}: it needs one reference for each input line"
+            )
+        if not sentences:
+            raise ValueError("--reference: the input has no lines, so there is nothing to score")
+    if args.output is not None and not args.output.parent.is_dir():
+        raise FileNotFoundError(f"--output {args.output}: no folder {args.output.parent}")
+    model, tokenizer = load_translator(args.checkpoint, args.device)
+    encoded = check_lengths(model, tokenizer, sentences, where)
+    beam_size = 1 if args.greedy else args.beam_size
+    quiet = args.quiet or bool(args.sentences) or not sys.stderr.isatty()
+    with tqdm(total=len(sentences), unit="sentence", disable=quiet, file=sys.stderr) as bar:
+        translations = translate_all(
+            model, tokenizer, sentences, encoded, beam_size, args.alpha, args.batch_size, bar
+        )
+    text = "".join(line + "\n" for line in translations)
+    if args.output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        write_atomically(args.output, text)
+    if references is not None:
+        bleu = sacrebleu.BLEU()
+        score = bleu.corpus_score(translations, [references])
+        print(score.format(signature=str(bleu.get_signature())), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
