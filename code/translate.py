@@ -44,19 +44,27 @@ def parse_args(argv=None):
         help="German sentences, one per argument (default: read --input or standard input)",
     )
     parser.add_argument(
-        "--input", type=cli.given_path, help="a UTF-8 text file of German sentences, one a line"
+        "--input",
+        type=cli.given_path,
+        metavar="FILE",
+        help="a UTF-8 text file of German sentences, one a line",
     )
     parser.add_argument(
-        "--output", type=cli.given_path, help="write the translations here (default: stdout)"
+        "--output",
+        type=cli.given_path,
+        metavar="FILE",
+        help="write the translations here (default: stdout)",
     )
     parser.add_argument(
         "--reference",
         type=cli.given_path,
+        metavar="FILE",
         help="English references, one for each input line: print sacreBLEU on stderr",
     )
     parser.add_argument(
         "--checkpoint",
         type=cli.given_path,
+        metavar="FILE",
         default=SHIPPED,
         help="a train.py checkpoint or snapshot, or an evaluate.py averaged.pt "
         "(default: the book's translator, results/multi30k/averaged.pt)",
@@ -196,6 +204,8 @@ def main(argv=None):
             raise ValueError("--reference: the input has no lines, so there is nothing to score")
     if args.output is not None and not args.output.parent.is_dir():
         raise FileNotFoundError(f"--output {args.output}: no folder {args.output.parent}")
+    if args.output is not None and args.output.is_dir():
+        raise IsADirectoryError(f"--output {args.output} is a folder; name a file")
     model, tokenizer = load_translator(args.checkpoint, args.device)
     encoded = check_lengths(model, tokenizer, sentences, where)
     beam_size = 1 if args.greedy else args.beam_size
