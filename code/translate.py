@@ -43,24 +43,13 @@ def parse_args(argv=None):
         nargs="*",
         help="German sentences, one per argument (default: read --input or standard input)",
     )
-    parser.add_argument(
-        "--input",
-        type=cli.given_path,
-        metavar="FILE",
-        help="a UTF-8 text file of German sentences, one a line",
-    )
-    parser.add_argument(
-        "--output",
-        type=cli.given_path,
-        metavar="FILE",
-        help="write the translations here (default: stdout)",
-    )
-    parser.add_argument(
-        "--reference",
-        type=cli.given_path,
-        metavar="FILE",
-        help="English references, one for each input line: print sacreBLEU on stderr",
-    )
+    files = {
+        "--input": "a UTF-8 text file of German sentences, one a line",
+        "--output": "write the translations here (default: stdout)",
+        "--reference": "English references, one for each input line: print sacreBLEU on stderr",
+    }
+    for flag, text in files.items():
+        parser.add_argument(flag, type=cli.given_path, metavar="FILE", help=text)
     parser.add_argument(
         "--checkpoint",
         type=cli.given_path,
