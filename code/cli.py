@@ -9,10 +9,12 @@ import contextlib
 import csv
 import dataclasses
 import functools
+import io
 import math
 import os
 import pathlib
 import sys
+import tempfile
 import typing
 
 import docstring_parser
@@ -236,16 +238,27 @@ def read_csv(path):
         return list(csv.DictReader(file))
 
 
-def write_csv(path, rows, columns):
-    """Write a CSV table through a temporary file and a rename, so that a crash never leaves
-    half a table and a reader never sees one."""
+def write_atomically(path, text):
+    """Write `text` to `path` through a temporary file in the same folder and a rename, so
+    that the file is either absent (or as before) or complete."""
     path = pathlib.Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, path)
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as file:
+            file.write(text)
+        os.replace(tmp, path)
+    finally:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+
+
+def write_csv(path, rows, columns):
+    """Write a CSV table atomically, so that a crash never leaves half a table and a reader
+    never sees one."""
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomically(path, text.getvalue())
 
 
 def tokenizers(pairs, folder=None):

@@ -19,11 +19,9 @@ written only once every line is translated.
 """
 
 import argparse
-import os
 import pathlib
 import re
 import sys
-import tempfile
 
 import sacrebleu
 from tqdm import tqdm
@@ -162,19 +160,6 @@ def translate_all(model, tokenizer, sentences, encoded, beam_size, alpha, batch_
     return results
 
 
-def write_atomically(path, text):
-    """Write `text` to `path` through a temporary file in the same folder and a rename, so
-    that the file is either absent (or as before) or complete."""
-    path = pathlib.Path(path)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as file:
-            file.write(text)
-        os.replace(tmp, path)
-    finally:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-
-
 @cli.user_errors_exit_2("translate.py")
 def main(argv=None):
     args = parse_args(argv)
@@ -208,7 +193,7 @@ def main(argv=None):
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        write_atomically(args.output, text)
+        cli.write_atomically(args.output, text)
     if references is not None:
         bleu = sacrebleu.BLEU()
         score = bleu.corpus_score(translations, [references])
