@@ -133,16 +133,20 @@ def generate(root=ROOT):
 KERNEL = {"display_name": "Python 3", "language": "python", "name": "python3"}
 
 
+KEPT_METADATA = ("tags", "mystnb")
+
+
 def tidy(notebook):
-    """Keep only metadata that matters, so diffs show content, not bookkeeping."""
+    """Keep only metadata that matters, so diffs show content, not bookkeeping: a cell's tags
+    (nbval's and the book's) and its `mystnb` settings (a figure's alt text)."""
     import nbformat
 
     notebook.metadata = nbformat.from_dict(
         {"kernelspec": KERNEL, "language_info": {"name": "python"}}
     )
     for cell in notebook.cells:
-        tags = cell.metadata.get("tags")
-        cell.metadata = nbformat.from_dict({"tags": tags} if tags else {})
+        kept = {key: cell.metadata[key] for key in KEPT_METADATA if cell.metadata.get(key)}
+        cell.metadata = nbformat.from_dict(kept)
     return notebook
 
 

@@ -150,3 +150,20 @@ def test_executing_a_missing_notebook_is_refused_by_name(tmp_path, monkeypatch, 
     assert export.main(["--execute", str(tmp_path / "nope.ipynb")]) == 2
     error = capsys.readouterr().err
     assert "no such notebook" in error and "nope.ipynb" in error
+
+
+def test_stored_notebooks_keep_tags_and_alt_text_and_nothing_else():
+    nbformat = pytest.importorskip("nbformat")
+    notebook = nbformat.v4.new_notebook(metadata={"widgets": {"state": {}}})
+    alt = {"image": {"alt": "A line chart of the loss falling over 100 steps."}}
+    notebook.cells = [
+        nbformat.v4.new_code_cell(
+            "plot()",
+            metadata={"tags": ["nbval-ignore-output"], "mystnb": alt, "scrolled": True},
+        ),
+        nbformat.v4.new_markdown_cell("text", metadata={"collapsed": True, "tags": []}),
+    ]
+    tidied = export.tidy(notebook)
+    assert dict(tidied.cells[0].metadata) == {"tags": ["nbval-ignore-output"], "mystnb": alt}
+    assert dict(tidied.cells[1].metadata) == {}
+    assert "widgets" not in tidied.metadata
