@@ -1,0 +1,167 @@
+"""The "Try the translator" page in a real browser: the built book served on 127.0.0.1,
+the page opened in headless Chromium with ?de=<sentence> for validation sentences. The
+translation the page writes must be the module's `translate(..., beam_size=4)`, the attention
+grid must be drawn, nothing may be requested from outside 127.0.0.1, and the page must fit the
+column at 1280 px and on a 412 px phone. "Nothing from outside" is checked three ways: no host
+but 127.0.0.1 resolves; a content security policy of 'self', put first in the page's <head>,
+reports every attempt to load from elsewhere; every resource the page loaded is on 127.0.0.1.
+
+Needs the built book with the page's files (`npm ci`, `python code/export_onnx.py`, then
+`jupyter-book build .`) and Debian's chromium; .ci/run provides them and sets
+REQUIRE_BROWSER_TESTS=1, so that there their absence fails instead of skipping."""
+
+import functools
+import html
+import http.server
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+import urllib.parse
+
+import pytest
+
+import annotated_transformer as at
+import export_onnx
+
+HTML = export_onnx.ROOT / "_build" / "html"
+PAGE = HTML / "chapters" / "try_translator.html"
+ENGINE = HTML / "_static" / "translator" / "vendor" / "ort.wasm.min.mjs"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+missing = [
+    why
+    for why, absent in (
+        ("no built page", not PAGE.is_file()),
+        (
+            "the page's engine was not exported (npm ci; python code/export_onnx.py)",
+            not ENGINE.is_file(),
+        ),
+        ("no chromium", not CHROMIUM),
+    )
+    if absent
+]
+if missing and os.environ.get("REQUIRE_BROWSER_TESTS"):
+    pytest.fail(f"translator page test required but: {', '.join(missing)}", pytrace=False)
+pytestmark = pytest.mark.skipif(bool(missing), reason=", ".join(missing) or "ready")
+
+# First in <head>: loads from anywhere but this server are refused, and each attempt recorded.
+GUARD = """<meta http-equiv="Content-Security-Policy"
+  content="default-src 'self' 'unsafe-inline' 'unsafe-eval' 'wasm-unsafe-eval' blob: data:">
+<script>
+window.blockedLoads = [];
+document.addEventListener("securitypolicyviolation", (e) => window.blockedLoads.push(e.blockedURI));
+</script>"""
+# Once the page shows a translation or an error, reports what a reader sees.
+PROBE = """<script>
+function report() {
+  const column = document.querySelector(".bd-article").getBoundingClientRect().width;
+  const wide = [...document.querySelectorAll(".translator, .translator *")]
+    .filter((e) => e.getBoundingClientRect().width > column + 1)
+    .map((e) => e.tagName + "." + e.className);
+  const cells = document.querySelectorAll("#attention svg rect");
+  const probe = document.createElement("pre");
+  probe.id = "translator-probe";
+  probe.textContent = JSON.stringify({
+    translation: document.getElementById("translation").textContent,
+    status: document.getElementById("status").textContent,
+    cells: cells.length,
+    rows: new Set([...cells].map((r) => r.getAttribute("y"))).size,
+    column, wide, sideways: document.documentElement.scrollWidth - window.innerWidth,
+    resources: performance.getEntriesByType("resource").map((r) => r.name),
+    blocked: window.blockedLoads,
+  });
+  document.body.appendChild(probe);
+}
+// report once the page has drawn a translation's attention, or shown an error
+new MutationObserver((changes, observer) => {
+  if (document.querySelector("#attention svg, #status.translator-error")) {
+    observer.disconnect();
+    report();
+  }
+}).observe(document.querySelector(".translator"), {subtree: true, childList: true});
+</script>"""
+
+
+class Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def server():
+    book = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(HTML))
+    )
+    threading.Thread(target=book.serve_forever, daemon=True).start()
+    probed = PAGE.with_name("probe-try_translator.html")
+    text = PAGE.read_text().replace("<head>", "<head>" + GUARD, 1)
+    probed.write_text(text.replace("</body>", PROBE + "</body>"))
+    yield book.server_address[1]
+    probed.unlink()
+    book.shutdown()
+
+
+def open_page(port, sentence, width, profile):
+    query = urllib.parse.urlencode({"de": sentence})
+    url = f"http://127.0.0.1:{port}/chapters/probe-try_translator.html?{query}"
+    command = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        # the browser's own services (clock, sign-in, autofill, updates) stay silent
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-default-apps",
+        "--disable-extensions",
+        "--disable-client-side-phishing-detection",
+        "--disable-features=AutofillServerCommunication,NetworkTimeServiceQuerying,"
+        "OptimizationHints,MediaRouter,Translate,SigninInterceptBubble",
+        "--metrics-recording-only",
+        "--no-first-run",
+        "--no-default-browser-check",
+        "--enable-logging=stderr",
+        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+        f"--user-data-dir={profile}",
+        f"--window-size={width},1000",
+        "--virtual-time-budget=100000000",  # virtual time: spent only while the page idles
+        "--dump-dom",
+        url,
+    ]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=180, check=True)
+    dom = run.stdout
+    found = re.search(r'<pre id="translator-probe"[^>]*>(.*?)</pre>', dom, re.S)  # the theme
+    console = [line for line in run.stderr.splitlines() if "CONSOLE" in line]  # adds tabindex
+    assert found, f"the page never reported; its console: {console}"
+    return json.loads(html.unescape(found.group(1)))
+
+
+@pytest.fixture(scope="module")
+def sentences():
+    """Three validation sentences and their translations by the module (beam 4, α = 0.6)."""
+    pairs = at.load_multi30k("val")
+    chosen = [pairs[i][0] for i in (1, 2, 6)]
+    model, tokenizer = at.load_checkpoint(export_onnx.SHIPPED)
+    return dict(zip(chosen, at.translate(model, tokenizer, chosen, beam_size=4)))
+
+
+def test_the_page_translates_as_the_module_does_and_draws_the_attention(
+    server, sentences, tmp_path
+):
+    tokenizer = at.Tokenizer.from_file(str(HTML / "_static" / "translator" / "tokenizer.json"))
+    for i, (german, english) in enumerate(sentences.items()):
+        width = 412 if i == 0 else 1280  # one of them on a phone's screen
+        seen = open_page(server, german, width, tmp_path / f"profile-{i}")
+        assert seen["translation"] == english, (german, seen["status"])
+        # a column for each source piece and </s>, a row for each generated piece
+        columns = len(tokenizer.encode(german).ids) + 1
+        assert seen["rows"] > 1 and seen["cells"] == seen["rows"] * columns
+        assert not seen["wide"], (
+            f"wider than the {seen['column']} px column at {width} px: {seen['wide']}"
+        )
+        assert seen["sideways"] <= 0, f"the page scrolls sideways at {width} px"
+        outside = [r for r in seen["resources"] if not r.startswith("http://127.0.0.1:")]
+        assert not outside and not seen["blocked"], (outside, seen["blocked"])
