@@ -189,7 +189,7 @@ def attention_figure():
     code = "attend: attention or\nF.scaled_dot_product_attention"
     top = _box(ax, x, 1.48, "Scaled Dot-Product Attention", code, "attn", 2.9, layers=3)
     ax.text(x + 1.62, (1.48 + top) / 2 + 0.06, "h", fontsize=11, style="italic", va="center")
-    boxes = [("Concat", "transpose(1, 2).reshape", "norm"), ("Linear", "w_o", "linear")]
+    boxes = [("Concat", "transpose(1, 2).flatten(2)", "norm"), ("Linear", "w_o", "linear")]
     _column(ax, x, top, boxes, out=0.18)
     _label(ax, x, 3.78, "Multi-Head Attention", "MultiHeadedAttention(h, d_model)", size=9)
     return fig
@@ -231,6 +231,7 @@ def head_shapes_figure(h=4):
 
     # top row: X -> X W^Q -> h heads
     y, mid = 2.65, 2.65 + n / 2
+    top_mid = mid
     right, top = _tensor(ax, 0.25, y, d_model, n, [grey])
     caption(0.25 + d_model / 2, top, y, "$X$", "(batch, n, d_model)")
     x = right + 0.75
@@ -262,7 +263,7 @@ def head_shapes_figure(h=4):
     caption(x + d_model / 2, top, y, "MultiHead$(Q, K, V)$", "(batch, n, d_model)")
 
     # the two rows joined: the heads' queries (with K_i and V_i) go into the attention
-    _arrow(ax, (5.6, mid), (6.6, mid), (6.6, 2.03), (0.1, 2.03), (0.1, 0.88), (0.25, 0.88))
+    _arrow(ax, (5.6, top_mid), (6.6, top_mid), (6.6, 2.03), (0.1, 2.03), (0.1, 0.88), (0.25, 0.88))
     note = "each head's queries, with its $K_i$ and $V_i$ (split the same way), into attention"
     ax.text(3.35, 2.08, note, ha="center", va="bottom", fontsize=8)
     return fig
