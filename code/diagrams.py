@@ -189,7 +189,81 @@ def attention_figure():
     code = "attend: attention or\nF.scaled_dot_product_attention"
     top = _box(ax, x, 1.48, "Scaled Dot-Product Attention", code, "attn", 2.9, layers=3)
     ax.text(x + 1.62, (1.48 + top) / 2 + 0.06, "h", fontsize=11, style="italic", va="center")
-    boxes = [("Concat", "transpose(1, 2).reshape", "norm"), ("Linear", "w_o", "linear")]
+    boxes = [("Concat", "transpose(1, 2).flatten(2)", "norm"), ("Linear", "w_o", "linear")]
     _column(ax, x, top, boxes, out=0.18)
     _label(ax, x, 3.78, "Multi-Head Attention", "MultiHeadedAttention(h, d_model)", size=9)
+    return fig
+
+
+def _tensor(ax, x, y, width, height, colors, cards=1, step=(0.09, 0.09)):
+    """A tensor drawn as a rectangle whose left edge is at x and bottom at y (rows are
+    positions, columns features), its columns split into len(colors) coloured blocks;
+    cards > 1 draws that many copies behind it, offset by step, for a new leading axis.
+    Returns the right edge and the top of the drawing."""
+    for card in reversed(range(cards)):
+        left, bottom = x + step[0] * card, y + step[1] * card
+        color = colors[card] if cards > 1 else None
+        blocks = [color] if cards > 1 else colors
+        for i, fill in enumerate(blocks):
+            w = width / len(blocks)
+            ax.add_patch(
+                plt.Rectangle((left + i * w, bottom), w, height, fc=fill, ec="k", lw=0.8, zorder=2)
+            )
+    return x + width + step[0] * (cards - 1), y + height + step[1] * (cards - 1)
+
+
+def head_shapes_figure(h=4):
+    """The shapes through multi-head attention (§3.2.2), for the queries (keys and values
+    are split the same way): project, split into h heads, attend per head, concatenate,
+    project with W^O. Columns of one colour belong to one head."""
+    fig, ax = _canvas(6.8, 4.1)
+    heads = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860"][:h]
+    grey, n, d_model = "#d9d9d9", 0.85, 1.2
+    d_k, square = d_model / h, n
+
+    def caption(x, y_top, y_bottom, math, shape):
+        ax.text(x, y_top + 0.12, math, ha="center", va="bottom", fontsize=9, zorder=3)
+        ax.text(x, y_bottom - 0.1, shape, ha="center", va="top", **_CODE)
+
+    def step(x0, x1, y, code):
+        _arrow(ax, (x0 + 0.08, y), (x1 - 0.08, y))
+        ax.text((x0 + x1) / 2, y + 0.07, code, ha="center", va="bottom", **_CODE)
+
+    # top row: X -> X W^Q -> h heads
+    y, mid = 2.65, 2.65 + n / 2
+    top_mid = mid
+    right, top = _tensor(ax, 0.25, y, d_model, n, [grey])
+    caption(0.25 + d_model / 2, top, y, "$X$", "(batch, n, d_model)")
+    x = right + 0.75
+    step(right, x, mid, "w_q")
+    right2, top = _tensor(ax, x, y, d_model, n, heads)
+    caption(x + d_model / 2, top, y, "$XW^Q$, heads side by side", "(batch, n, h·d_k)")
+    x = right2 + 0.95
+    step(right2, x, mid, "split_heads")
+    right3, top = _tensor(ax, x, y - 0.1, d_k, n, heads, cards=h)
+    caption((x + right3) / 2, top, y - 0.1, "$Q_i = XW_i^Q$", "(batch, h, n, d_k)")
+    ax.text(right3 + 0.06, mid, "h heads", fontsize=8, va="center", style="italic")
+
+    # bottom row: weights per head -> head_i -> Concat -> W^O
+    y, mid = 0.45, 0.45 + n / 2
+    right, top = _tensor(ax, 0.25, y, square, n, heads, cards=h)
+    weights = r"softmax$(Q_iK_i^\top/\sqrt{d_k})$"
+    caption((0.25 + right) / 2, top, y, weights, "(batch, h, n, n)")
+    x = right + 0.7
+    step(right, x, mid, "@ value")
+    right2, top = _tensor(ax, x, y, d_k, n, heads, cards=h)
+    caption((x + right2) / 2, top, y, r"head$_i$", "(batch, h, n, d_v)")
+    x = right2 + 0.95
+    step(right2, x, mid, "transpose,\nflatten")
+    right3, top = _tensor(ax, x, y, d_model, n, heads)
+    caption(x + d_model / 2, top, y, "Concat(head$_1$, …, head$_h$)", "(batch, n, h·d_v)")
+    x = right3 + 0.6
+    step(right3, x, mid, "w_o")
+    right4, top = _tensor(ax, x, y, d_model, n, [grey])
+    caption(x + d_model / 2, top, y, "MultiHead$(Q, K, V)$", "(batch, n, d_model)")
+
+    # the two rows joined: the heads' queries (with K_i and V_i) go into the attention
+    _arrow(ax, (5.6, top_mid), (6.6, top_mid), (6.6, 2.03), (0.1, 2.03), (0.1, 0.88), (0.25, 0.88))
+    note = "each head's queries, with its $K_i$ and $V_i$ (split the same way), into attention"
+    ax.text(3.35, 2.08, note, ha="center", va="bottom", fontsize=8)
     return fig
