@@ -139,9 +139,21 @@ def test_positional_encoding_shift_is_a_rotation(k):
     rotation = torch.zeros(d_model, d_model, dtype=torch.float64)
     for i, w in enumerate(omega):  # a matrix that depends on k only, not on pos
         c, s = math.cos(k * w), math.sin(k * w)
-        rotation[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor([[c, s], [-s, c]])
+        block = torch.tensor([[c, s], [-s, c]], dtype=torch.float64)
+        rotation[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = block
     shifted = table[: 200 - k] @ rotation.T
     torch.testing.assert_close(shifted, table[k:], atol=1e-5, rtol=0)
+
+
+def test_dot_product_of_encodings_depends_only_on_the_offset():
+    # §3.5 as chapter 3.5 states it: PE(pos) . PE(pos + k) = sum_i cos(omega_i k), any pos
+    d_model = 32
+    table = at.positional_encoding(300, d_model).double()
+    omega = 1 / 10000 ** (torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    for k in (0, 3, 25):
+        expected = torch.cos(omega * k).sum().item()
+        for pos in (0, 17, 250):
+            assert (table[pos] @ table[pos + k]).item() == pytest.approx(expected, abs=1e-5)
 
 
 def test_sequence_longer_than_the_table_is_refused():
@@ -358,6 +370,15 @@ def test_embeddings_are_scaled_and_generator_gives_log_probabilities():
     log_probs = generator(torch.randn(1, 3, 16))
     torch.testing.assert_close(log_probs.exp().sum(-1), torch.ones(1, 3))
     assert generator.projection.bias is None  # so that it can be the embedding matrix
+
+
+def test_generator_log_probabilities_stay_finite_where_probabilities_underflow():
+    # chapter 3.4: log(softmax) of a logit 200 below the largest is log(0) = -inf in float32
+    generator = at.Generator(2, 2)
+    with torch.no_grad():
+        generator.projection.weight.copy_(torch.tensor([[0.0, 0.0], [-200.0, 0.0]]))
+    log_probs = generator(torch.tensor([[1.0, 0.0]]))
+    torch.testing.assert_close(log_probs, torch.tensor([[0.0, -200.0]]))
 
 
 def test_learned_positions_are_table_3_row_e():
