@@ -218,7 +218,8 @@ function draw(result, head) {
     label.setAttribute("x", x);
     label.setAttribute("y", y);
     label.setAttribute("font-size", "12");
-    label.setAttribute("text-anchor", "end");
+    // row labels end at the grid; column labels, turned upright, start just above it
+    label.setAttribute("text-anchor", rotate ? "start" : "end");
     if (rotate) label.setAttribute("transform", `rotate(-90 ${x} ${y})`);
     label.textContent = content;
     svg.appendChild(label);
@@ -240,7 +241,10 @@ function draw(result, head) {
       svg.appendChild(square);
     });
   });
-  page.attention.replaceChildren(svg);
+  const key = document.createElement("p");
+  key.className = "translator-timing";
+  key.textContent = "White is weight 0, full blue is 1; point at a cell to read its weight.";
+  page.attention.replaceChildren(svg, key);
 }
 
 // ---- the page
