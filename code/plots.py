@@ -357,8 +357,8 @@ def head_statistics(values, title, reference=None, reference_label="uniform", wi
     as columns, each cell annotated with its value and each panel with its own colour bar.
     reference, if given, maps a name to the value a baseline head scores (uniform attention,
     say): a dashed line on that panel's colour bar, its value in the panel's title after
-    reference_label. A statistic with
-    negative values (a signed offset) gets a diverging scale centred on zero."""
+    reference_label. A statistic with negative values (a signed offset) gets a diverging
+    scale centred on zero."""
     reference = reference or {}
     names = list(values)
     ncols = 2 if len(names) > 1 else 1
@@ -381,24 +381,34 @@ def head_statistics(values, title, reference=None, reference_label="uniform", wi
             scale = {"cmap": "coolwarm", "vmin": -bound, "vmax": bound}
         else:
             scale = {"cmap": "viridis", "vmin": low, "vmax": high if high > low else low + 1}
-        sns.heatmap(
-            matrix,
-            ax=ax,
-            annot=True,
-            fmt=".2f",
-            annot_kws={"fontsize": 7},
-            xticklabels=[str(i + 1) for i in range(h)],
-            yticklabels=[str(i + 1) for i in range(n_layers)],
-            cbar_kws={"pad": 0.02},
-            **scale,
-        )
+        # plain matplotlib: seaborn's heatmap redraws the whole figure for every panel
+        image = ax.imshow(matrix, aspect="auto", interpolation="nearest", **scale)
+        colours = image.cmap(image.norm(matrix))
+        for (row, column), value in np.ndenumerate(matrix):
+            red, green, blue, _ = colours[row, column]
+            light = 0.299 * red + 0.587 * green + 0.114 * blue > 0.5  # dark text on light
+            ax.text(
+                column,
+                row,
+                f"{value:.2f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="black" if light else "white",
+            )
+        ax.set_xticks(range(h), [str(i + 1) for i in range(h)])
+        ax.set_yticks(range(n_layers), [str(i + 1) for i in range(n_layers)])
+        ax.grid(False)
+        for spine in ax.spines.values():
+            spine.set_visible(False)
+        colorbar = fig.colorbar(image, ax=ax, pad=0.02)
+        colorbar.outline.set_visible(False)
         marked = reference.get(name) is not None and reference[name] == reference[name]
         heading = f"{name} ({reference_label}: {reference[name]:.2f}, dashed)" if marked else name
         ax.set_title(heading, fontsize=9)
         ax.set_xlabel("head", fontsize=8)
         ax.set_ylabel("layer", fontsize=8)
-        ax.tick_params(labelsize=8, length=0, rotation=0)
-        colorbar = ax.collections[0].colorbar
+        ax.tick_params(labelsize=8, length=0)
         colorbar.ax.tick_params(labelsize=7)
         if marked:
             colorbar.ax.axhline(reference[name], color="white", linewidth=2.5)

@@ -292,13 +292,13 @@ def test_head_statistics_draws_a_heatmap_with_colour_bar_per_statistic():
         assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "3", "4"]
         assert [t.get_text() for t in ax.get_yticklabels()] == ["1", "2"]
         assert [t.get_text() for t in ax.texts] == [f"{v:.2f}" for v in matrix.ravel()]
-        assert ax.collections[0].colorbar is not None
+        assert ax.images[0].colorbar is not None
     # the reference is a line on the colour bar, at its value
-    bar = panels[0].collections[0].colorbar.ax
+    bar = panels[0].images[0].colorbar.ax
     assert any(list(line.get_ydata()) == [0.25, 0.25] for line in bar.lines)
     # a signed statistic: a scale centred on zero; the others span their values and reference
-    assert panels[1].collections[0].get_clim() == (-1.5, 1.5)
-    assert panels[0].collections[0].get_clim() == (0.1, 0.8)
-    assert panels[2].collections[0].get_clim() == (0.1, 0.5)
+    assert panels[1].images[0].get_clim() == (-1.5, 1.5)
+    assert panels[0].images[0].get_clim() == (0.1, 0.8)
+    assert panels[2].images[0].get_clim() == (0.1, 0.5)
     with pytest.raises(ValueError, match="peak: shape"):
         plots.head_statistics(values | {"peak": np.zeros((3, 4))}, "heads")
