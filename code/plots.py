@@ -114,11 +114,8 @@ def ppl_vs_params(
     paper = relative(paper_params), relative(paper_ppl)
     ours = relative(our_params), relative(our_ppl)
     fig, ax = plt.subplots(figsize=(7, 4.6))
-    for i, label in enumerate(labels):
+    for i in range(len(labels)):
         ax.plot([paper[0][i], ours[0][i]], [paper[1][i], ours[1][i]], color="0.75", lw=0.8)
-        ax.annotate(
-            label, (ours[0][i], ours[1][i]), fontsize=7, xytext=(4, 3), textcoords="offset points"
-        )
     ax.scatter(*paper, color=PAPER, label=series[0], zorder=3)
     ax.scatter(*ours, color=OURS, marker="s", label=series[1], zorder=3)
     ax.set_xscale("log")
@@ -132,6 +129,15 @@ def ppl_vs_params(
         axis.set_minor_formatter(plt.matplotlib.ticker.NullFormatter())
     ax.axhline(1, color="0.6", linewidth=0.8)
     ax.axvline(1, color="0.6", linewidth=0.8)
+    # room for the labels inside the axes: a label past the edge would widen the figure
+    for values, set_limits in (
+        ((*paper[0], *ours[0]), ax.set_xlim),
+        ((*paper[1], *ours[1]), ax.set_ylim),
+    ):
+        low, high = np.log(min(values)), np.log(max(values))
+        pad = 0.18 * (high - low)
+        set_limits(np.exp(low - pad), np.exp(high + pad))
+    _place_labels(ax, labels, ours, [(*paper[0], *ours[0]), (*paper[1], *ours[1])], fontsize=8)
     ax.set(
         title=title,
         xlabel="parameters / base row's",
@@ -139,6 +145,58 @@ def ppl_vs_params(
     )
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     return fig
+
+
+def _place_labels(ax, labels, at, points, fontsize=8):
+    """Label the points `at` (xs, ys) with `labels`, each beside its point in the first of
+    eight directions where its box overlaps no marker (`points`, xs and ys), no label placed
+    before it and no edge of the axes: labels that overlap are unreadable, and one past the
+    edge widens the figure beyond the page's column."""
+    fig = ax.figure
+    fig.canvas.draw()  # the axes' final limits and transforms
+    scale = fig.dpi / 72  # pixels per point
+    markers = ax.transData.transform(np.column_stack(points))
+    box = ax.get_window_extent()
+    placed = []
+    directions = [(1, 0), (1, 1), (0, 1), (-1, 1), (-1, 0), (-1, -1), (0, -1), (1, -1)]
+    for label, xy in zip(labels, np.column_stack(at)):
+        x, y = ax.transData.transform(xy)
+        width, height = 0.6 * fontsize * len(label) * scale, 1.2 * fontsize * scale
+        best = None
+        for dx, dy in directions:
+            gap = 5 * scale
+            left = x + dx * gap - (0 if dx > 0 else width if dx < 0 else width / 2)
+            bottom = y + dy * gap - (0 if dy > 0 else height if dy < 0 else height / 2)
+            rect = (left, bottom, left + width, bottom + height)
+            inside = (
+                box.x0 <= rect[0] and rect[2] <= box.x1 and box.y0 <= rect[1] and rect[3] <= box.y1
+            )
+            hits = sum(
+                rect[0] - 4 * scale < mx < rect[2] + 4 * scale
+                and rect[1] - 4 * scale < my < rect[3] + 4 * scale
+                for mx, my in markers
+                if abs(mx - x) > 1e-6 or abs(my - y) > 1e-6
+            )
+            hits += sum(
+                rect[0] < r[2] and r[0] < rect[2] and rect[1] < r[3] and r[1] < rect[3]
+                for r in placed
+            )
+            cost = hits + (0 if inside else 10)
+            if best is None or cost < best[0]:
+                best = (cost, rect, dx, dy)
+            if cost == 0:
+                break
+        _, rect, dx, dy = best
+        placed.append(rect)
+        ax.annotate(
+            label,
+            xy,
+            fontsize=fontsize,
+            xytext=(5 * dx, 5 * dy),
+            textcoords="offset points",
+            ha="left" if dx > 0 else "right" if dx < 0 else "center",
+            va="bottom" if dy > 0 else "top" if dy < 0 else "center",
+        )
 
 
 def recipe_search(trials, title, xlabel, start="start"):
@@ -238,7 +296,7 @@ def attention_grid(
         )
         name = f"head {head + 1}" if one_layer else f"layer {first_layer + layer}, head {head + 1}"
         ax.set_title(name, fontsize=8)
-        ax.tick_params(labelsize=7, length=0)
+        ax.tick_params(labelsize=8, length=0)  # 8 points: readable at the column's width
     fig.suptitle(textwrap.fill(title, 90), fontsize=9)  # a long title would widen the figure
     fig.tight_layout()
     return fig
@@ -290,4 +348,71 @@ def attention_lines(weights, tokens, query, title, heads=None, threshold=0.05):
     )
     ax.set(xlim=(-0.7, seq - 0.3), ylim=(-1.0, 1.75), title=title)
     ax.axis("off")
+    return fig
+
+
+def head_statistics(values, title, reference=None, reference_label="uniform", width=7.0):
+    """Per-head statistics as small heatmaps, one panel per statistic: values maps a
+    statistic's name to an (N, h) array (layer by head), drawn with layers as rows and heads
+    as columns, each cell annotated with its value and each panel with its own colour bar.
+    reference, if given, maps a name to the value a baseline head scores (uniform attention,
+    say): a dashed line on that panel's colour bar, its value in the panel's title after
+    reference_label. A statistic with negative values (a signed offset) gets a diverging
+    scale centred on zero."""
+    reference = reference or {}
+    names = list(values)
+    ncols = 2 if len(names) > 1 else 1
+    nrows = -(-len(names) // ncols)
+    n_layers, h = np.asarray(_as_array(values[names[0]])).shape
+    panel_height = 0.32 * n_layers + 0.9
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(width, panel_height * nrows + 0.5), squeeze=False
+    )
+    for ax in axes.flat[len(names) :]:
+        ax.axis("off")
+    for ax, name in zip(axes.flat, names):
+        matrix = np.asarray(_as_array(values[name]), dtype=np.float64)
+        if matrix.shape != (n_layers, h):
+            raise ValueError(f"{name}: shape {matrix.shape}, expected {(n_layers, h)}")
+        known = [v for v in (*matrix.ravel(), reference.get(name)) if v is not None and v == v]
+        low, high = min(known), max(known)
+        if low < 0:
+            bound = max(abs(low), abs(high))
+            scale = {"cmap": "coolwarm", "vmin": -bound, "vmax": bound}
+        else:
+            scale = {"cmap": "viridis", "vmin": low, "vmax": high if high > low else low + 1}
+        # plain matplotlib: seaborn's heatmap redraws the whole figure for every panel
+        image = ax.imshow(matrix, aspect="auto", interpolation="nearest", **scale)
+        colours = image.cmap(image.norm(matrix))
+        for (row, column), value in np.ndenumerate(matrix):
+            red, green, blue, _ = colours[row, column]
+            light = 0.299 * red + 0.587 * green + 0.114 * blue > 0.5  # dark text on light
+            ax.text(
+                column,
+                row,
+                f"{value:.2f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="black" if light else "white",
+            )
+        ax.set_xticks(range(h), [str(i + 1) for i in range(h)])
+        ax.set_yticks(range(n_layers), [str(i + 1) for i in range(n_layers)])
+        ax.grid(False)
+        for spine in ax.spines.values():
+            spine.set_visible(False)
+        colorbar = fig.colorbar(image, ax=ax, pad=0.02)
+        colorbar.outline.set_visible(False)
+        marked = reference.get(name) is not None and reference[name] == reference[name]
+        heading = f"{name} ({reference_label}: {reference[name]:.2f}, dashed)" if marked else name
+        ax.set_title(heading, fontsize=9)
+        ax.set_xlabel("head", fontsize=8)
+        ax.set_ylabel("layer", fontsize=8)
+        ax.tick_params(labelsize=8, length=0)
+        colorbar.ax.tick_params(labelsize=7)
+        if marked:
+            colorbar.ax.axhline(reference[name], color="white", linewidth=2.5)
+            colorbar.ax.axhline(reference[name], color="black", linewidth=1.2, linestyle="--")
+    fig.suptitle(textwrap.fill(title, 90), fontsize=10)
+    fig.tight_layout()
     return fig

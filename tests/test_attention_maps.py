@@ -267,3 +267,38 @@ def test_averaged_weights_are_labelled_apart_from_the_snapshot_of_their_last_ste
         for name in ("checkpoint-0000006.pt", "averaged.pt")
     ]
     assert labels == ["6", "average"]
+
+
+def test_head_statistics_draws_a_heatmap_with_colour_bar_per_statistic():
+    import numpy as np
+
+    import plots
+
+    values = {
+        "self": np.array([[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8]]),
+        "offset": np.array([[-1.5, 0.0, 0.5, 1.0], [-0.2, 0.2, 0.4, -0.4]]),
+        "peak": np.full((2, 4), 0.5),
+    }
+    fig = plots.head_statistics(values, "heads", reference={"self": 0.25, "peak": 0.1})
+    assert fig.get_size_inches()[0] <= 7.0  # the page's column
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == [
+        "self (uniform: 0.25, dashed)",
+        "offset",
+        "peak (uniform: 0.10, dashed)",
+    ]
+    for ax, matrix in zip(panels, values.values()):
+        # layers as rows, heads as columns, every cell written out
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "3", "4"]
+        assert [t.get_text() for t in ax.get_yticklabels()] == ["1", "2"]
+        assert [t.get_text() for t in ax.texts] == [f"{v:.2f}" for v in matrix.ravel()]
+        assert ax.images[0].colorbar is not None
+    # the reference is a line on the colour bar, at its value
+    bar = panels[0].images[0].colorbar.ax
+    assert any(list(line.get_ydata()) == [0.25, 0.25] for line in bar.lines)
+    # a signed statistic: a scale centred on zero; the others span their values and reference
+    assert panels[1].images[0].get_clim() == (-1.5, 1.5)
+    assert panels[0].images[0].get_clim() == (0.1, 0.8)
+    assert panels[2].images[0].get_clim() == (0.1, 0.5)
+    with pytest.raises(ValueError, match="peak: shape"):
+        plots.head_statistics(values | {"peak": np.zeros((3, 4))}, "heads")

@@ -113,3 +113,45 @@ def test_evaluate_within_hours_refuses_snapshots_without_training_time(tiny_run,
     flags = ["--run", str(tiny_run), "--out", str(tmp_path / "o"), "--within-hours", "1"]
     assert evaluate.main(flags) == 2
     assert "records no training time" in capsys.readouterr().err
+
+
+# Table 2 of the paper (NeurIPS 2017 version), typed here from the paper, not read from the
+# CSV: BLEU EN-DE, BLEU EN-FR, training cost in FLOPs EN-DE, EN-FR (None: empty in the paper)
+PAPER_TABLE2 = {
+    "ByteNet": (23.75, None, None, None),
+    "Deep-Att + PosUnk": (None, 39.2, None, 1.0e20),
+    "GNMT + RL": (24.6, 39.92, 2.3e19, 1.4e20),
+    "ConvS2S": (25.16, 40.46, 9.6e18, 1.5e20),
+    "MoE": (26.03, 40.56, 2.0e19, 1.2e20),
+    "Deep-Att + PosUnk Ensemble": (None, 40.4, None, 8.0e20),
+    "GNMT + RL Ensemble": (26.30, 41.16, 1.8e20, 1.1e21),
+    "ConvS2S Ensemble": (26.36, 41.29, 7.7e19, 1.2e21),
+    "Transformer (base model)": (27.3, 38.1, 3.3e18, 3.3e18),
+    "Transformer (big)": (28.4, 41.0, 2.3e19, 2.3e19),
+}
+
+
+def test_the_stored_table2_is_the_papers():
+    import csv
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[1] / "results" / "paper_table2.csv"
+    rows = list(csv.DictReader(path.open()))
+    assert [r["model"] for r in rows] == list(PAPER_TABLE2)  # the paper's order
+    columns = ("bleu_en_de", "bleu_en_fr", "flops_en_de", "flops_en_fr")
+    for row in rows:
+        stored = tuple(float(row[c]) if row[c] else None for c in columns)
+        assert stored == PAPER_TABLE2[row["model"]], row["model"]
+        assert row["kind"] == (
+            "transformer"
+            if row["model"].startswith("Transformer")
+            else "ensemble"
+            if row["model"].endswith("Ensemble")
+            else "single"
+        )
+    # §6.1's claims hold in it: big beats every earlier EN-DE model by more than 2.0 BLEU
+    earlier = [v for name, v in PAPER_TABLE2.items() if not name.startswith("Transformer")]
+    assert 28.4 - max(v[0] for v in earlier if v[0]) > 2.0
+    # and the Transformers' cost is §5.2's training time x 8 P100s x 9.5 TFLOPS
+    assert f"{12 * 3600 * 8 * 9.5e12:.1e}" == "3.3e+18"
+    assert f"{3.5 * 86400 * 8 * 9.5e12:.1e}" == "2.3e+19"

@@ -283,3 +283,45 @@ def test_the_charts_take_their_series_labels_and_title_from_the_caller():
         ax = fig.axes[0]
         assert [text.get_text() for text in ax.get_legend().get_texts()] == list(series)
         assert ax.get_title() == title
+
+
+def test_the_labels_of_the_parameters_chart_stay_inside_and_apart():
+    import numpy as np
+
+    import plots
+
+    # nine rows, several of them close together: where chapter 6.2's labels used to collide
+    labels = ["base", "d_k=8", "d_k=16", "N=1", "N=2", "N=4", "d_model=128 d_k=16 d_v=16"]
+    labels += ["d_ff=256", "d_model=512 d_k=64 d_v=64"]  # the widest point, with a long label
+    paper_params = [65, 58, 60, 36, 50, 80, 28, 53, 168]
+    paper_ppl = [4.92, 5.16, 5.01, 6.11, 5.19, 4.88, 5.75, 5.12, 4.66]
+    our_params = [5.2, 4.3, 4.6, 2.6, 3.9, 6.5, 2.0, 4.4, 15.2]
+    our_ppl = [7.10, 7.99, 7.54, 7.43, 6.78, 9.10, 8.72, 7.30, 6.17]
+    fig = plots.ppl_vs_params(labels, paper_params, paper_ppl, our_params, our_ppl)
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = {t.get_text(): t.get_window_extent(renderer) for t in ax.texts}
+    assert sorted(boxes) == sorted(labels)
+    frame = ax.get_window_extent(renderer)
+    for name, box in boxes.items():  # inside the axes: nothing clipped, the figure not widened
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1, name
+        assert frame.y0 <= box.y0 and box.y1 <= frame.y1, name
+    names = list(boxes)
+    for i, a in enumerate(names):  # no two labels overlap
+        for b in names[i + 1 :]:
+            assert not boxes[a].overlaps(boxes[b]), (a, b)
+    # and no label covers a point other than its own
+    points = ax.transData.transform(
+        np.column_stack(
+            [
+                np.r_[np.divide(paper_params, 65), np.divide(our_params, 5.2)],
+                np.r_[np.divide(paper_ppl, 4.92), np.divide(our_ppl, 7.10)],
+            ]
+        )
+    )
+    for k, name in enumerate(labels):
+        own = points[len(labels) + k]
+        for x, y in points:
+            if (x, y) != tuple(own):
+                assert not boxes[name].contains(x, y), name
