@@ -739,7 +739,7 @@ class TrainConfig:
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in RUN_LENGTH_FIELDS}
 
 
-MULTI30K_STEPS = 8000  # where the chosen recipe's long run stopped
+MULTI30K_STEPS = 8000  # updates of the multi30k recipe's full run
 PROFILES = {
     "tiny": TrainConfig(
         model=ModelConfig(N=1, d_model=32, d_ff=64, h=2, share_embeddings=True),
@@ -762,8 +762,8 @@ PROFILES = {
         eval_every=250,
         bleu_sentences=500,
     ),
-    # batches 4x multi30k's for one GPU; multi30k's warm-up in tokens (100 steps, a peak
-    # of 1e-3) never trained the 6-layer post-LN stack (results/base-gpu), 400 steps did
+    # the base architecture on one GPU: batches 4x multi30k's and a quarter of its steps,
+    # but all of its 400 warm-up steps, which a 6-layer post-LN stack needs (§5.3)
     "base": TrainConfig(
         model=replace(BASE, share_embeddings=True),
         vocab_size=5000,
@@ -1447,7 +1447,8 @@ def hardware_description(device="cpu"):
             )
     except (OSError, StopIteration):
         pass
-    return f"{model_name}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    threads = torch.get_num_threads()
+    return f"{model_name}, {threads} thread{'s' * (threads != 1)}, torch {torch.__version__}"
 
 
 CHECKPOINT_FORMAT = 2  # checkpoints record it; another format is refused on resume

@@ -97,7 +97,8 @@ def main(argv=None):
     with cli.log_to(args.out / "train.log" if rank == 0 else None, echo=tqdm.write) as log:
         if rank == 0:
             log(
-                f"training {args.profile} on {len(pairs)} pairs, {world} process(es) of "
+                f"training {args.profile} on {len(pairs)} pairs, {world} "
+                f"process{'es' * (world != 1)} of "
                 f"{config.max_tokens // world} tokens a side (global batch {config.max_tokens}), "
                 f"device {device}, amp {args.amp}, compile {args.compile}: {config}"
             )

@@ -68,6 +68,37 @@ def test_rate_is_equation_3():
     assert at.rate(4000, 512, factor=2.0) == pytest.approx(2 * 512**-0.5 * 4000**-0.5)
 
 
+def test_warmup_ablation_schedules_differ_from_equation_3_only_before_its_warmup_steps():
+    import warmup_ablation
+
+    peak = at.rate(400, 64, warmup=400)
+    paper, shorter, none = (warmup_ablation.schedule(peak, w, 400) for w in (400, 40, 0))
+    for k in (1, 7, 39, 40, 399, 400, 401, 1000, 5000):
+        assert paper(k) == pytest.approx(at.rate(k, 64, warmup=400))
+    assert none(1) == shorter(40) == none(400) == pytest.approx(peak)
+    assert shorter(4) == pytest.approx(peak / 10)
+    assert none(1600) == shorter(1600) == pytest.approx(peak / 2)
+
+
+def test_warmup_ablation_small_run_writes_one_row_per_logged_step_and_the_cpu(tmp_path, capsys):
+    import warmup_ablation
+
+    import cli
+
+    out = tmp_path / "warmup.csv"
+    argv = ["--out", str(out), "--steps", "4", "--log-every", "2", "--seeds", "0"]
+    assert warmup_ablation.main([*argv, "--arms", "1:2", "1:0"]) == 0
+    assert capsys.readouterr().out.count("copied") == 2  # one line per run
+    rows = cli.read_csv(out)
+    assert [(r["N"], r["warmup"], r["step"]) for r in rows] == [
+        ("1", "2", "2"), ("1", "2", "4"), ("1", "0", "2"), ("1", "0", "4"),
+    ]  # fmt: skip
+    assert [r["accuracy"] != "" for r in rows] == [False, True, False, True]
+    assert all(0 <= float(r["accuracy"]) <= 1 for r in rows if r["accuracy"])
+    assert all(r["cpu"] and r["torch"] == torch.__version__ for r in rows)
+    assert all(math.isfinite(float(r["loss"])) for r in rows)
+
+
 def test_the_optimizer_makes_adams_updates_with_the_papers_betas_and_rate_k_at_update_k():
     # Adam written out by hand in float64 (Kingma and Ba, Algorithm 1) with beta1 0.9,
     # beta2 0.98, epsilon 1e-9 and the learning rate of Eq. (3) at update k = 1, 2, 3
