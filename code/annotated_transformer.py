@@ -330,7 +330,7 @@ class PositionalEncoding(nn.Module):
 
     def forward(self, x, offset=0):
         # offset: the position of x's first row, so that a decoder fed one token at a time
-        # with a key/value cache ("Fast decoding"), reusing what earlier steps computed,
+        # (the back-matter page "Fast decoding"), reusing what earlier steps computed,
         # adds its own position's encoding
         seq = x.size(1)
         if offset + seq > self.max_len:
