@@ -10,15 +10,15 @@ import json
 import os
 import pathlib
 import re
-import shutil
-import subprocess
 import urllib.parse
 
 import pytest
 
+import headless
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 HTML = ROOT / "_build" / "html"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM = headless.CHROMIUM
 PAGES = sorted(HTML.glob("*.html")) + sorted(HTML.glob("chapters/*.html"))
 PAGES = [p for p in PAGES if p.name not in ("genindex.html", "search.html")]
 
@@ -34,21 +34,7 @@ SCREENSHOTS = ROOT / "_build" / "screenshots"  # kept as build artefacts
 
 
 def chromium(page, profile, *output):
-    command = [
-        CHROMIUM,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        f"--user-data-dir={profile}",
-        "--virtual-time-budget=10000",
-        *output,
-        page.as_uri(),
-    ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
+    return headless.run(page.as_uri(), profile, *output).stdout
 
 
 SKIPPED = ("script", "style", "pre", "code", "mjx-container", "mjx-assistive-mml")

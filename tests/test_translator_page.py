@@ -16,8 +16,6 @@ import http.server
 import json
 import os
 import re
-import shutil
-import subprocess
 import threading
 import urllib.parse
 
@@ -25,11 +23,12 @@ import pytest
 
 import annotated_transformer as at
 import export_onnx
+import headless
 
 HTML = export_onnx.ROOT / "_build" / "html"
 PAGE = HTML / "chapters" / "try_translator.html"
 ENGINE = HTML / "_static" / "translator" / "vendor" / "ort.wasm.min.mjs"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM = headless.CHROMIUM
 missing = [
     why
     for why, absent in (
@@ -106,32 +105,16 @@ def server():
 def open_page(port, sentence, width, profile):
     query = urllib.parse.urlencode({"de": sentence})
     url = f"http://127.0.0.1:{port}/chapters/probe-try_translator.html?{query}"
-    command = [
-        CHROMIUM,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        # the browser's own services (clock, sign-in, autofill, updates) stay silent
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-default-apps",
-        "--disable-extensions",
-        "--disable-client-side-phishing-detection",
-        "--disable-features=AutofillServerCommunication,NetworkTimeServiceQuerying,"
-        "OptimizationHints,MediaRouter,Translate,SigninInterceptBubble",
-        "--metrics-recording-only",
-        "--no-first-run",
-        "--no-default-browser-check",
-        "--enable-logging=stderr",
-        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-        f"--user-data-dir={profile}",
-        f"--window-size={width},1000",
-        "--virtual-time-budget=100000000",  # virtual time: spent only while the page idles
-        "--dump-dom",
+    run = headless.run(
         url,
-    ]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=180, check=True)
+        profile,
+        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+        "--enable-logging=stderr",
+        f"--window-size={width},1000",
+        "--dump-dom",
+        budget_ms=100_000_000,  # virtual time: spent only while the page idles
+        timeout=180,
+    )
     dom = run.stdout
     found = re.search(r'<pre id="translator-probe"[^>]*>(.*?)</pre>', dom, re.S)  # the theme
     console = [line for line in run.stderr.splitlines() if "CONSOLE" in line]  # adds tabindex
