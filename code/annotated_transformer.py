@@ -1434,21 +1434,22 @@ def check_device(device):
         raise ValueError(f"device={device!r}: {problem}")
 
 
+def cpu_model():
+    """The CPU's model name from /proc/cpuinfo (Linux), else what platform knows of it."""
+    try:
+        with open("/proc/cpuinfo") as file:
+            return next(line.split(":", 1)[1].strip() for line in file if "model name" in line)
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def hardware_description(device="cpu"):
     """One line naming the machine a result came from: GPU name, or CPU model and threads."""
     device = torch.device(device)
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
-    model_name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as file:
-            model_name = next(
-                line.split(":", 1)[1].strip() for line in file if "model name" in line
-            )
-    except (OSError, StopIteration):
-        pass
     threads = torch.get_num_threads()
-    return f"{model_name}, {threads} thread{'s' * (threads != 1)}, torch {torch.__version__}"
+    return f"{cpu_model()}, {threads} thread{'s' * (threads != 1)}, torch {torch.__version__}"
 
 
 CHECKPOINT_FORMAT = 2  # checkpoints record it; another format is refused on resume

@@ -18,7 +18,6 @@ decoding. The CPU and torch version go into every row, so the page can name them
 
 import argparse
 import math
-import platform
 import sys
 import time
 
@@ -28,18 +27,6 @@ import annotated_transformer as at
 import cli
 
 COLUMNS = ["N", "warmup", "seed", "step", "loss", "accuracy", "d_model", "peak_lr", "cpu", "torch"]
-
-
-def cpu_name():
-    """The CPU's model name from /proc/cpuinfo (Linux), else platform.processor()."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def schedule(peak, warmup, decay_from):
@@ -120,7 +107,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     extra = {
         "d_model": args.d_model, "peak_lr": args.peak_lr,
-        "cpu": cpu_name(), "torch": torch.__version__,
+        "cpu": at.cpu_model(), "torch": torch.__version__,
     }  # fmt: skip
     rows = []
     for N, warmup in args.arms:
