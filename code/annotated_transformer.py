@@ -140,10 +140,10 @@ class Decoder(nn.Module):
         return self.norm(x)
 
 
-def subsequent_mask(size):
+def subsequent_mask(size, device=None):
     """§3.1: position i of the decoder may attend to positions <= i only.
-    Returns a bool tensor (1, size, size), True where attending is allowed."""
-    return torch.tril(torch.ones(1, size, size, dtype=torch.bool))
+    Returns a bool tensor (1, size, size) on `device`, True where attending is allowed."""
+    return torch.tril(torch.ones(1, size, size, dtype=torch.bool, device=device))
 
 
 # --------------------------------------------------------------------------------------
@@ -235,7 +235,7 @@ def padding_mask(tokens, pad_idx):
 def target_mask(tgt, pad_idx):
     """(batch, seq) target ids -> (batch, seq, seq) bool for masked decoder
     self-attention: neither padding nor later positions may be attended to."""
-    return padding_mask(tgt, pad_idx) & subsequent_mask(tgt.size(-1)).to(tgt.device)
+    return padding_mask(tgt, pad_idx) & subsequent_mask(tgt.size(-1), tgt.device)
 
 
 # --------------------------------------------------------------------------------------
@@ -579,15 +579,16 @@ class Batch:
     tgt_y: torch.Tensor  # (batch, seq_tgt): y_1 ... y_m </s>
     src_mask: torch.Tensor  # (batch, 1, seq_src)
     tgt_mask: torch.Tensor  # (batch, seq_tgt, seq_tgt)
-    ntokens: int
+    ntokens: int | torch.Tensor
 
     @classmethod
     def from_tensors(cls, src, tgt, ntokens=None, pad_id=PAD_ID):
-        """A Batch from padded source and target ids (target with <s> and </s>). ntokens,
-        when the caller knows it, saves counting on the device."""
+        """A Batch from padded source and target ids (target with <s> and </s>). ntokens:
+        the caller's count of real target tokens, else counted on the device, where it stays
+        (an int() here would make the host wait for the device)."""
         tgt_in, tgt_y = tgt[:, :-1], tgt[:, 1:]
         if ntokens is None:
-            ntokens = int((tgt_y != pad_id).sum())
+            ntokens = (tgt_y != pad_id).sum()
         masks = padding_mask(src, pad_id), target_mask(tgt_in, pad_id)
         return cls(src, tgt_in, tgt_y, *masks, ntokens)
 
@@ -599,7 +600,10 @@ class Batch:
 
     def to(self, device):
         tensors = (self.src, self.tgt_in, self.tgt_y, self.src_mask, self.tgt_mask)
-        return Batch(*(t.to(device) for t in tensors), self.ntokens)
+        ntokens = self.ntokens
+        if isinstance(ntokens, torch.Tensor):
+            ntokens = ntokens.to(device)
+        return Batch(*(t.to(device) for t in tensors), ntokens)
 
 
 def batch_by_tokens(lengths, max_tokens, seed=0, shuffle=True):
@@ -657,19 +661,30 @@ class EncodedCorpus:
         """Real target tokens of these pairs (what the loss is averaged over), on the host."""
         return sum(self.lengths[i][1] - 1 for i in indices)
 
-    def batch(self, indices, device="cpu", multiple_of=1):
+    def to(self, device):
+        """This corpus with its two tables on `device`; the lengths stay on the host, which
+        needs them to know each batch's shape. Batches are then cut where the model is."""
+        moved = copy.copy(self)
+        moved.src, moved.tgt = self.src.to(device), self.tgt.to(device)
+        return moved
+
+    def batch(self, indices, device=None, multiple_of=1, rows=None):
         """The Batch of these pairs, cut to their longest source and target (rounded up to a
-        multiple of `multiple_of`, which limits the shapes torch.compile sees)."""
-        rows = torch.tensor(indices)
+        multiple of `multiple_of`, which limits the shapes torch.compile sees), on `device`
+        (default: the tables' device). rows: the same indices, already a tensor on the
+        tables' device; given, the batch is cut without a copy from the host."""
+        device = self.src.device if device is None else torch.device(device)
+        if rows is None:
+            rows = torch.tensor(indices, device=self.src.device)
         sides = []
         for side, table in enumerate((self.src, self.tgt)):
             longest = max(self.lengths[i][side] for i in indices) - side  # tgt: minus <s>/</s>
             longest = -(-longest // multiple_of) * multiple_of + side
             cut = table.narrow(1, 0, min(longest, table.size(1)))[rows]
             cut = F.pad(cut, (0, longest - cut.size(1)), value=self.pad_id)
-            if torch.device(device).type == "cuda":
-                cut = cut.pin_memory().to(device, non_blocking=True)
-            sides.append(cut.to(device))
+            if cut.device.type == "cpu" and device.type == "cuda":
+                cut = cut.pin_memory()  # the copy below then need not block
+            sides.append(cut.to(device, non_blocking=True))
         return Batch.from_tensors(*sides, self.target_tokens(indices), self.pad_id)
 
 
@@ -877,22 +892,21 @@ def forward_loss(model, batch, smoothing):
         return loss, label_smoothed_loss(logits, batch.tgt_y, 0.0)
 
 
-def train_step(
-    model, batch, optimizer, scheduler, scaler, smoothing, ntokens=None, amp=None, loss_fn=None
-):
+def train_step(model, batch, optimizer, scheduler, scaler, smoothing, ntokens=None, amp=None):
     """One update (§5.3): the loss averaged over `ntokens` target tokens (the batch's own by
     default), backward, the optimizer's and the schedule's step. amp: an autocast dtype or
-    None; scaler: a torch.amp.GradScaler (disabled unless amp is float16); loss_fn:
-    forward_loss or a compiled copy of it. Returns [loss, nll] summed over the batch, on
-    the device."""
+    None; scaler: a torch.amp.GradScaler (disabled unless amp is float16). Returns
+    [loss, nll] summed over the batch, on the device."""
     precision = torch.autocast(batch.src.device.type, amp) if amp else contextlib.nullcontext()
     with precision:
-        loss, nll = (loss_fn or forward_loss)(model, batch, smoothing)
+        loss, nll = forward_loss(model, batch, smoothing)
     scaler.scale(loss / (ntokens or batch.ntokens)).backward()
-    scaler.step(optimizer)
-    scaler.update()
+    scale = scaler.get_scale() if scaler.is_enabled() else None
+    scaler.step(optimizer)  # float16: skipped when a gradient overflowed,
+    scaler.update()  # and then the scale is lowered
     optimizer.zero_grad(set_to_none=True)
-    scheduler.step()
+    if scale is None or scaler.get_scale() >= scale:  # Eq. (3) counts the updates made
+        scheduler.step()
     return torch.stack([loss.detach(), nll])
 
 
@@ -954,7 +968,7 @@ class PrefixDecoder:
     def next_log_probs(self, ys):
         group = ys.size(0) // self.memory.size(0)  # hypotheses per sentence
         memory, src_mask = (x.repeat_interleave(group, 0) for x in (self.memory, self.src_mask))
-        out = self.model.decode(memory, src_mask, ys, subsequent_mask(ys.size(1)).to(ys.device))
+        out = self.model.decode(memory, src_mask, ys, subsequent_mask(ys.size(1), ys.device))
         return self.model.generator(out[:, -1])
 
     def slots(self, kept, parent, k):
@@ -1295,6 +1309,7 @@ def validation_perplexity(model, data, max_tokens=2000):
 
 import gzip
 import hashlib
+import itertools
 import json
 import os
 import pathlib
@@ -1405,20 +1420,45 @@ def load_multi30k(split, src_lang="de", tgt_lang="en", data_dir=None, base_url=M
     return list(zip(*sides, strict=True))  # the published files are aligned line by line
 
 
-AMP_CHOICES = ("auto", "bf16", "fp16", "off")
+AMP_CHOICES = ("auto", "bf16", "fp16", "off", "fastest")
+PRECISIONS = {None: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+AMP_OF_PRECISION = {"float32": "off", "bfloat16": "bf16", "float16": "fp16"}
 
 
 def autocast_dtype(amp, device):
-    """The autocast dtype that `amp` means on `device` (None: float32 throughout)."""
+    """The autocast dtype that `amp` means on `device` (None: float32 throughout); for
+    "fastest" on a CPU, see faster_precision."""
     if amp is None or amp == "off":
         return None
     if amp not in AMP_CHOICES:
         raise ValueError(f"amp must be one of {', '.join(AMP_CHOICES)}, got {amp!r}")
-    if amp == "auto":
-        if torch.device(device).type != "cuda":
+    device = torch.device(device)
+    if amp in ("auto", "fastest"):
+        if device.type != "cuda":
             return None
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        # native bfloat16 from compute capability 8.0 (Ampere) on; before, it is emulated
+        native = torch.cuda.get_device_capability(device) >= (8, 0)
+        return torch.bfloat16 if native else torch.float16
     return torch.bfloat16 if amp == "bf16" else torch.float16
+
+
+def faster_precision(config, corpus, vocab, steps=3):
+    """float32 (None) or bfloat16, whichever trains this recipe faster on this CPU: a
+    scratch model takes one warm-up and `steps` timed updates in each, on the first
+    batches of the run's first epoch. The random state is left as it was."""
+    plan = epoch_updates(corpus, config, epoch=0)[: steps + 1]
+    batches = [corpus.batch(indices) for indices, *_ in plan]
+    seconds = {}
+    with torch.random.fork_rng():
+        for amp in (None, torch.bfloat16):
+            run = RunState.new(config, vocab, amp=amp)
+            for i, batch in enumerate(batches):
+                if i == 1:
+                    started = time.perf_counter()
+                args = run.optimizer, run.scheduler, run.scaler, config.smoothing
+                train_step(run.model, batch, *args, amp=amp).tolist()
+            seconds[amp] = time.perf_counter() - started
+    return min(seconds, key=seconds.get)
 
 
 def check_device(device):
@@ -1452,7 +1492,7 @@ def hardware_description(device="cpu"):
     return f"{cpu_model()}, {threads} thread{'s' * (threads != 1)}, torch {torch.__version__}"
 
 
-CHECKPOINT_FORMAT = 2  # checkpoints record it; another format is refused on resume
+CHECKPOINT_FORMAT = 3  # checkpoints record it; another format is refused on resume
 
 
 def save_checkpoint(path, payload):
@@ -1687,18 +1727,24 @@ def differing_fields(saved, wanted, prefix=""):
     return found
 
 
-def checkpoint_to_resume(path, config):
-    """The payload of out/checkpoint.pt, refused if written in another format or with
-    another recipe."""
+def checkpoint_to_resume(path, config, precision=None):
+    """The payload of out/checkpoint.pt, refused if written in another format, with another
+    recipe, or in another precision (a name in PRECISIONS; None: take the checkpoint's)."""
     if not pathlib.Path(path).is_file():
         raise FileNotFoundError(f"no checkpoint at {path} to resume from; start without --resume")
     payload = read_checkpoint(path)
     saved = {"checkpoint format": payload.get("format", "<absent>"), **payload["config"]}
-    differ = differing_fields(saved, {"checkpoint format": CHECKPOINT_FORMAT, **config.identity()})
+    saved["precision"] = payload.get("precision", "<absent>")
+    wanted = {"checkpoint format": CHECKPOINT_FORMAT, **config.identity()}
+    wanted["precision"] = saved["precision"] if precision is None else precision
+    differ = differing_fields(saved, wanted)
     if differ:
+        hint = ""
+        if saved["precision"] != wanted["precision"] and saved["precision"] in AMP_OF_PRECISION:
+            hint = f" (amp={AMP_OF_PRECISION[saved['precision']]!r} trains in {saved['precision']})"
         raise ValueError(
             f"{path} was written with a different configuration ({'; '.join(differ)}); "
-            f"resume with the same settings or start a new run in another folder"
+            f"resume with the same settings{hint} or start a new run in another folder"
         )
     return payload
 
@@ -1711,6 +1757,7 @@ def save_progress(state, setup):
         weights = {
             "format": CHECKPOINT_FORMAT,
             "config": config.identity(),
+            "precision": PRECISIONS[setup.amp],
             "tokenizer": setup.tokenizer.to_str(),
             "step": state.step,
             "validation": latest[0] if latest and latest[0]["step"] == state.step else None,
@@ -1736,7 +1783,7 @@ def resume_or_start(setup, payload):
     state = RunState.new(setup.config, setup.tokenizer.get_vocab_size(), setup.device, setup.amp)
     if payload is not None:
         for name in ("model", "optimizer", "scheduler", "scaler"):
-            if payload[name]:  # a float32 run's scaler saved nothing: fp16 may take over
+            if payload[name]:  # a float32 or bfloat16 run's scaler saved nothing
                 getattr(state, name).load_state_dict(payload[name])
         for name in ("step", "epoch", "position", "tokens_seen", "seconds", "history"):
             setattr(state, name, payload[name])
@@ -1746,8 +1793,6 @@ def resume_or_start(setup, payload):
             setup.log(f"resumed from {setup.out / 'checkpoint.pt'} at step {state.step}")
     elif setup.rank > 0:
         torch.manual_seed(setup.config.seed + 1_000_003 * setup.rank)  # its own dropout
-    if torch.device(setup.device).type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     return state
 
 
@@ -1808,18 +1853,29 @@ def record_validate_save(state, setup, pending):
             )
 
 
-def train_epoch(state, setup, model, loss_fn, bar, multiple_of=1):
+def epoch_rows(updates, rank, device):
+    """This process's row numbers for every update of `updates`, in one tensor on `device`
+    (one copy per epoch), and the slice of it that belongs to each update."""
+    mine = [group[rank] for group in updates]
+    ends = list(itertools.accumulate(len(indices) for indices in mine))
+    rows = torch.tensor([i for indices in mine for i in indices]).to(device, non_blocking=True)
+    return rows, [slice(end - len(indices), end) for end, indices in zip(ends, mine)]
+
+
+def train_epoch(state, setup, model, bar, multiple_of=1):
     """The rest of the current epoch, or up to max_steps. `model` is state.model, wrapped
-    in DistributedDataParallel under several processes."""
+    in DistributedDataParallel under several processes and compiled when asked."""
     config, pending, started = setup.config, [], time.perf_counter()
     every = [config.log_every, config.checkpoint_every] + [config.eval_every] * bool(setup.val)
-    for group in epoch_updates(setup.corpus, config, state.epoch, setup.world)[state.position :]:
-        ntokens = sum(setup.corpus.target_tokens(indices) for indices in group)
-        batch = setup.corpus.batch(group[setup.rank], setup.device, multiple_of)
+    updates = epoch_updates(setup.corpus, config, state.epoch, setup.world)[state.position :]
+    rows, cuts = epoch_rows(updates, setup.rank, setup.device)
+    for group, cut in zip(updates, cuts):
+        ntokens = sum(setup.corpus.target_tokens(indices) for indices in group)  # host lengths
+        batch = setup.corpus.batch(group[setup.rank], multiple_of=multiple_of, rows=rows[cut])
         lr = state.optimizer.param_groups[0]["lr"]
         losses = train_step(
             model, batch, state.optimizer, state.scheduler, state.scaler, config.smoothing,
-            ntokens / setup.world, setup.amp, loss_fn,
+            ntokens / setup.world, setup.amp,
         )  # fmt: skip
         pending.append((losses, lr, ntokens))
         state.step, state.position = state.step + 1, state.position + 1
@@ -1865,27 +1921,54 @@ def train(
     if not train_pairs:
         raise ValueError("train_pairs is empty: pass (source, target) sentence pairs")
     check_device(device)
-    amp = autocast_dtype(amp, device)
+    measure = amp == "fastest" and torch.device(device).type == "cpu"
+    amp = None if measure else autocast_dtype(amp, device)
     rank, world = distributed_rank_and_size()
     out = pathlib.Path(out_dir)
-    with RunFolder(out, resume, owner=rank == 0):
-        payload = checkpoint_to_resume(out / "checkpoint.pt", config) if resume else None
+    with RunFolder(out, resume, owner=rank == 0), tf32_matmuls(device):
+        precision = None if measure else PRECISIONS[amp]
+        payload = checkpoint_to_resume(out / "checkpoint.pt", config, precision) if resume else None
         tokenizer = tokenizer_for_run(config, train_pairs, out, tokenizer, payload, rank, world)
         corpus = EncodedCorpus.from_pairs(train_pairs, tokenizer)
+        if measure:  # a resumed run keeps the precision it was measured to need
+            vocab = tokenizer.get_vocab_size()
+            amp = precision_of(payload) if payload else faster_precision(config, corpus, vocab)
+            log(f"precision: {PRECISIONS[amp]}, the faster of float32 and bfloat16 here")
         val = None
         if val_pairs:
             val = EncodedCorpus.from_pairs(val_pairs, tokenizer), val_pairs[: config.bleu_sentences]
+        corpus = corpus.to(device)
         setup = RunSetup(config, out, tokenizer, corpus, val, device, amp, rank, world, log)
         state = resume_or_start(setup, payload)
         model = torch.nn.parallel.DistributedDataParallel(state.model) if world > 1 else state.model
-        loss_fn = torch.compile(forward_loss) if compile else forward_loss
+        if compile:  # True: PyTorch's default compiler; a string names another backend
+            model = torch.compile(model, **({} if compile is True else {"backend": compile}))
         bar = tqdm(
             total=config.max_steps, initial=state.step, unit="step", disable=not progress or rank
         )
         while state.step < config.max_steps:
-            train_epoch(state, setup, model, loss_fn, bar, multiple_of=8 if compile else 1)
+            train_epoch(state, setup, model, bar, multiple_of=8 if compile else 1)
         bar.close()
     return state.model, tokenizer, state.history
+
+
+def precision_of(payload):
+    """The autocast dtype a checkpoint was trained in."""
+    return {name: dtype for dtype, name in PRECISIONS.items()}[payload["precision"]]
+
+
+@contextlib.contextmanager
+def tf32_matmuls(device):
+    """On a GPU, float32 matrix products in TF32 for the duration, the old setting restored."""
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    saved = torch.backends.cuda.matmul.fp32_precision
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = saved
 
 
 # --------------------------------------------------------------------------------------

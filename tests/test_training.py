@@ -14,6 +14,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from host_work import host_work
 
 import annotated_transformer as at
 from toy import TINY, quiet, toy_pairs
@@ -251,9 +252,10 @@ torch.distributed.init_process_group("gloo")
 rank = torch.distributed.get_rank()
 config = at.TrainConfig(**{config!r})
 pairs = json.load(open({pairs!r}))
-for steps, out, resume in {plan!r}:
+for steps, out, resume, *extra in {plan!r}:  # extra: train()'s other arguments
     config = at.apply_changes(config, {{"max_steps": steps}})
-    model, _, history = at.train(config, pairs, out, resume=resume, log=lambda m: None)
+    model, _, history = at.train(config, pairs, out, resume=resume, log=lambda m: None,
+                                 **(extra[0] if extra else {{}}))
     torch.save({{"model": model.state_dict(), "history": history, "rng": torch.get_rng_state()}},
                f"{{out}}/rank{{rank}}-{{steps}}.pt")
 torch.distributed.destroy_process_group()
@@ -268,7 +270,10 @@ def run_two_ranks(tmp_path, plan, config):
     script = tmp_path / "run.py"
     script.write_text(
         DISTRIBUTED_SCRIPT.format(
-            code=str(ROOT / "code"), config=fields, pairs=str(tmp_path / "pairs.json"), plan=plan
+            code=str(ROOT / "code"),
+            config=fields,
+            pairs=str(tmp_path / "pairs.json"),
+            plan=plan,
         ).replace("ModelConfig(", "at.ModelConfig(")
     )
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
@@ -306,6 +311,25 @@ def test_two_ranks_n_steps_straight_equal_half_then_resume_bit_for_bit(tmp_path)
     }  # fmt: skip
 
 
+def test_two_ranks_with_a_compiled_model_train_as_without(tmp_path):
+    # DistributedDataParallel inside torch.compile, on gloo: the compiler ("aot_eager": the
+    # same tracing and autograd graphs as the default, without generating C++) must see
+    # through the wrapper; the run then makes the same updates as the eager one
+    config = dataclasses.replace(TINY, max_steps=4, checkpoint_every=4, max_tokens=400)
+    config = at.apply_changes(config, {"dropout": 0.0})
+    eager, compiled = str(tmp_path / "eager"), str(tmp_path / "compiled")
+    plan = [(4, eager, False, {}), (4, compiled, False, {"compile": "aot_eager"})]
+    run_two_ranks(tmp_path, plan, config)
+    for rank in (0, 1):
+        a = torch.load(f"{eager}/rank{rank}-4.pt", weights_only=True)
+        b = torch.load(f"{compiled}/rank{rank}-4.pt", weights_only=True)
+        for name, tensor in a["model"].items():
+            assert torch.allclose(tensor, b["model"][name], atol=1e-5), (rank, name)
+        assert [h["loss"] for h in a["history"]] == pytest.approx(
+            [h["loss"] for h in b["history"]], rel=1e-4
+        )
+
+
 def test_resuming_with_another_configuration_or_format_is_refused(tmp_path):
     at.train(TINY, toy_pairs(), tmp_path, log=quiet)
     other = dataclasses.replace(TINY, smoothing=0.2, max_steps=9)
@@ -316,15 +340,17 @@ def test_resuming_with_another_configuration_or_format_is_refused(tmp_path):
         at.train(other, toy_pairs(), tmp_path, resume=True, log=quiet)
     payload = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     torch.save({**payload, "format": 1}, tmp_path / "checkpoint.pt")
-    with pytest.raises(ValueError, match=r"\(checkpoint format: 1 -> 2\)"):
+    with pytest.raises(ValueError, match=r"\(checkpoint format: 1 -> 3\)"):
         at.train(dataclasses.replace(TINY, max_steps=9), toy_pairs(), tmp_path, resume=True,
                  log=quiet)  # fmt: skip
 
 
-def test_a_float32_run_can_be_resumed_in_float16(tmp_path):
+def test_a_float32_run_resumes_in_float32_and_not_in_float16(tmp_path):
     at.train(TINY, toy_pairs(), tmp_path, log=quiet)  # its gradient scaler saved nothing
     more = dataclasses.replace(TINY, max_steps=8)
-    _, _, history = at.train(more, toy_pairs(), tmp_path, resume=True, log=quiet, amp="fp16")
+    with pytest.raises(ValueError, match=r"precision: 'float32' -> 'float16'.*amp='off'"):
+        at.train(more, toy_pairs(), tmp_path, resume=True, log=quiet, amp="fp16")
+    _, _, history = at.train(more, toy_pairs(), tmp_path, resume=True, log=quiet, amp="off")
     assert [h["step"] for h in history] == list(range(1, 9))
 
 
@@ -420,13 +446,14 @@ def test_compiled_step_equals_eager_within_tolerance():
         TINY, vocab_size=40, model=dataclasses.replace(TINY.model, dropout=0.0)
     )
     runs = [at.RunState.new(config, 40) for _ in range(2)]
-    compiled = torch.compile(at.forward_loss)
+    compiled = torch.compile(runs[1].model)  # the model, as train(compile=True) does
+    assert at.unwrap(compiled) is runs[1].model
     for step in range(3):
         batch = tiny_batch(seed=step)
         eager = at.train_step(runs[0].model, batch, runs[0].optimizer, runs[0].scheduler,
                               runs[0].scaler, 0.1)  # fmt: skip
-        fast = at.train_step(runs[1].model, batch, runs[1].optimizer, runs[1].scheduler,
-                             runs[1].scaler, 0.1, loss_fn=compiled)  # fmt: skip
+        fast = at.train_step(compiled, batch, runs[1].optimizer, runs[1].scheduler,
+                             runs[1].scaler, 0.1)  # fmt: skip
         assert torch.allclose(eager, fast, rtol=1e-4)
     for x, y in zip(parameters(runs[0].model), parameters(runs[1].model)):
         assert torch.allclose(x, y, atol=1e-5)
@@ -442,6 +469,137 @@ def test_the_whole_training_step_runs_on_the_meta_device():
     assert batch.src.device.type == "meta" and batch.tgt_mask.device.type == "meta"
     sums = at.train_step(run.model, batch, run.optimizer, run.scheduler, run.scaler, 0.1)
     assert sums.device.type == "meta" and sums.shape == (2,)
+
+
+def meta_run_and_corpus():
+    with torch.device("meta"):
+        run = at.RunState.new(dataclasses.replace(TINY, vocab_size=40), 40, "meta")
+    data = at.copy_task_pairs(8, 40, 5, torch.Generator().manual_seed(0))
+    return run, data, at.EncodedCorpus(data).to("meta")
+
+
+def test_a_training_step_and_the_batch_it_trains_on_do_no_host_work():
+    # on a GPU each of these would make the host wait (or a CUDA graph fail to capture): a
+    # mask made on the host and copied, a count read back with int(), a loss read with .item()
+    run, data, corpus = meta_run_and_corpus()
+    indices = [3, 1, 4, 0, 5]
+    rows = torch.tensor(indices, device="meta")  # train_epoch copies an epoch's rows at once
+
+    def step():
+        batch = corpus.batch(indices, rows=rows)
+        return at.train_step(run.model, batch, run.optimizer, run.scheduler, run.scaler, 0.1)
+
+    assert host_work(step) == []
+    src, tgt = (at.pad_ids([pair[side] for pair in data]).to("meta") for side in (0, 1))
+    assert host_work(at.Batch.from_tensors, src, tgt) == []  # ntokens counted on the device
+    assert host_work(at.target_mask, tgt, at.PAD_ID) == []
+    memory = torch.zeros(8, src.size(1), 32, device="meta")
+    decoder = at.PrefixDecoder(run.model, memory, at.padding_mask(src, at.PAD_ID))
+    assert host_work(decoder.next_log_probs, tgt[:, :3]) == []
+
+
+def test_host_work_finds_what_it_names():
+    # the finder itself: each kind of host work, and nothing in pure device work
+    x = torch.ones(3, 4, device="meta")
+    assert host_work(lambda: x * 2 + 1) == []
+    assert "makes a host tensor" in host_work(lambda: torch.ones(2, 2))[0]
+    assert any("copies a host tensor" in f for f in host_work(lambda: torch.ones(2).to("meta")))
+    assert "reads a device value" in host_work(lambda: x.sum().item())[0]
+    assert "depends on device values" in host_work(lambda: x.nonzero())[0]
+    assert host_work(lambda: x / torch.tensor(2.0)) == []  # a host scalar is passed by value
+
+
+@pytest.mark.parametrize(
+    "capability, expected",
+    [((6, 1), torch.float16), ((7, 0), torch.float16), ((7, 5), torch.float16),
+     ((8, 0), torch.bfloat16), ((8, 6), torch.bfloat16), ((8, 9), torch.bfloat16),
+     ((9, 0), torch.bfloat16), ((10, 0), torch.bfloat16)],
+)  # fmt: skip
+def test_amp_auto_picks_bf16_only_where_the_gpu_computes_in_it(capability, expected, monkeypatch):
+    # P100 6.1, V100 7.0, T4 7.5: float16 with the scaler; A100 8.0, RTX 30xx 8.6, L4 8.9,
+    # H100 9.0, B200 10.0: bfloat16. is_bf16_supported() says True on a T4 (emulated): unused
+    asked = []
+    monkeypatch.setattr(
+        torch.cuda, "get_device_capability", lambda d: asked.append(d) or capability
+    )
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert at.autocast_dtype("auto", "cuda:1") is expected
+    assert asked == [torch.device("cuda:1")]  # the training device, not the current one
+    assert at.autocast_dtype("fastest", "cuda:1") is expected
+    assert at.autocast_dtype("auto", "cpu") is None
+
+
+def test_tf32_is_set_through_fp32_precision_only_while_training_and_restored():
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    with at.tf32_matmuls("cuda"):
+        assert matmul.fp32_precision == "tf32"
+    assert matmul.fp32_precision == before
+    with pytest.raises(RuntimeError), at.tf32_matmuls("cuda:0"):
+        raise RuntimeError  # restored after an error too
+    assert matmul.fp32_precision == before
+    with at.tf32_matmuls("cpu"):
+        assert matmul.fp32_precision == before
+    source = pathlib.Path(at.__file__).read_text()
+    assert "allow_tf32" not in source  # the deprecated switch, process-wide and never restored
+
+
+def test_the_schedule_does_not_advance_when_the_fp16_scaler_skips_an_update():
+    config = dataclasses.replace(TINY, vocab_size=40)
+    run = at.RunState.new(config, 40, "cpu", torch.float16)
+    d_model, factor, warmup = config.model.d_model, config.lr_factor, config.warmup_steps
+    before = parameters(run.model)
+    run.scaler = torch.amp.GradScaler("cpu", init_scale=1e38)  # the scaled loss overflows
+    at.train_step(run.model, tiny_batch(), run.optimizer, run.scheduler, run.scaler, 0.1,
+                  amp=torch.float16)  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(parameters(run.model), before))  # skipped
+    assert run.scheduler.last_epoch == 0
+    assert run.optimizer.param_groups[0]["lr"] == at.rate(1, d_model, factor, warmup)
+    run.scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
+    at.train_step(run.model, tiny_batch(), run.optimizer, run.scheduler, run.scaler, 0.1,
+                  amp=torch.float16)  # fmt: skip
+    assert not all(torch.equal(a, b) for a, b in zip(parameters(run.model), before))  # made
+    assert run.scheduler.last_epoch == 1
+    assert run.optimizer.param_groups[0]["lr"] == at.rate(2, d_model, factor, warmup)
+
+
+def test_a_resume_in_another_precision_is_refused_and_fastest_keeps_the_saved_one(
+    tmp_path, monkeypatch
+):
+    at.train(TINY, toy_pairs(), tmp_path, log=quiet, amp="bf16")
+    more = dataclasses.replace(TINY, max_steps=8)
+    with pytest.raises(ValueError, match=r"precision: 'bfloat16' -> 'float32'.*amp='bf16'"):
+        at.train(more, toy_pairs(), tmp_path, resume=True, log=quiet)
+    checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert checkpoint["precision"] == "bfloat16"
+
+    def never(*args):
+        raise AssertionError("a resumed run must not measure again")
+
+    monkeypatch.setattr(at, "faster_precision", never)
+    messages = []
+    at.train(more, toy_pairs(), tmp_path, resume=True, log=messages.append, amp="fastest")
+    assert any("precision: bfloat16" in m for m in messages)
+
+
+@pytest.mark.parametrize("slower", [None, torch.bfloat16])
+def test_fastest_keeps_the_precision_whose_steps_take_less_time(slower, tmp_path, monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(at.time, "perf_counter", lambda: clock[0])
+    original = at.train_step
+
+    def timed(*args, amp=None, **kwargs):
+        clock[0] += 2.0 if amp is slower else 1.0
+        return original(*args, amp=amp, **kwargs)
+
+    monkeypatch.setattr(at, "train_step", timed)
+    pairs = toy_pairs()
+    tokenizer = at.train_bpe(pairs, TINY.vocab_size)
+    corpus = at.EncodedCorpus.from_pairs(pairs, tokenizer)
+    state = torch.get_rng_state()
+    faster = at.faster_precision(TINY, corpus, tokenizer.get_vocab_size())
+    assert faster is (torch.bfloat16 if slower is None else None)
+    assert torch.equal(torch.get_rng_state(), state)  # the run's initial weights are unchanged
 
 
 # ---- the faster loop -----------------------------------------------------------------------
