@@ -1436,16 +1436,28 @@ def autocast_dtype(amp, device):
     if amp in ("auto", "fastest"):
         if device.type != "cuda":
             return None
-        # native bfloat16 from compute capability 8.0 (Ampere) on; before, it is emulated
-        native = torch.cuda.get_device_capability(device) >= (8, 0)
-        return torch.bfloat16 if native else torch.float16
+        return torch.bfloat16 if native_bf16(device) else torch.float16
     return torch.bfloat16 if amp == "bf16" else torch.float16
+
+
+def native_bf16(device):
+    """Whether `device` multiplies in bfloat16 natively: a GPU of compute capability 8.0
+    (Ampere) or later, a CPU with AVX-512 BF16 or AMX. Elsewhere bfloat16 is emulated, and
+    slower than float32 (torch.cuda.is_bf16_supported() says yes to an emulating T4)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= (8, 0)
+    # torch's own cpuinfo; not mkldnn's check, which says yes to any AVX-512 CPU
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def faster_precision(config, corpus, vocab, steps=3):
     """float32 (None) or bfloat16, whichever trains this recipe faster on this CPU: a
     scratch model takes one warm-up and `steps` timed updates in each, on the first
-    batches of the run's first epoch. The random state is left as it was."""
+    batches of the run's first epoch (and without native bfloat16, float32 untimed). The
+    random state is left as it was."""
+    if not native_bf16("cpu"):
+        return None
     plan = epoch_updates(corpus, config, epoch=0)[: steps + 1]
     batches = [corpus.batch(indices) for indices, *_ in plan]
     seconds = {}

@@ -593,6 +593,7 @@ def test_fastest_keeps_the_precision_whose_steps_take_less_time(slower, tmp_path
         return original(*args, amp=amp, **kwargs)
 
     monkeypatch.setattr(at, "train_step", timed)
+    monkeypatch.setattr(at, "native_bf16", lambda device: True)
     pairs = toy_pairs()
     tokenizer = at.train_bpe(pairs, TINY.vocab_size)
     corpus = at.EncodedCorpus.from_pairs(pairs, tokenizer)
@@ -600,6 +601,10 @@ def test_fastest_keeps_the_precision_whose_steps_take_less_time(slower, tmp_path
     faster = at.faster_precision(TINY, corpus, tokenizer.get_vocab_size())
     assert faster is (torch.bfloat16 if slower is None else None)
     assert torch.equal(torch.get_rng_state(), state)  # the run's initial weights are unchanged
+    monkeypatch.setattr(at, "native_bf16", lambda device: False)  # emulated: float32, untimed
+    clock[0] = 0.0
+    assert at.faster_precision(TINY, corpus, tokenizer.get_vocab_size()) is None
+    assert clock[0] == 0.0
 
 
 # ---- the faster loop -----------------------------------------------------------------------
@@ -760,3 +765,12 @@ def test_the_plain_fit_and_the_full_train_give_the_same_parameters(tmp_path):
     full, _, history = at.train(config, pairs, tmp_path, tokenizer=tokenizer, log=quiet)
     assert all(torch.equal(a, b) for a, b in zip(parameters(plain), parameters(full)))
     assert [round(loss, 5) for loss in losses] == [h["loss"] for h in history]
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/cpuinfo").is_file(), reason="reads Linux's cpuinfo")
+def test_native_bf16_on_this_cpu_follows_its_instruction_flags():
+    flags = set()
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags |= set(line.split(":", 1)[1].split())
+    assert at.native_bf16("cpu") == bool({"avx512_bf16", "amx_tile"} & flags)
