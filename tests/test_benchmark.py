@@ -243,6 +243,29 @@ def test_real_token_flops_count_each_pair_at_its_own_lengths():
     )
 
 
+def test_side_by_side_pairs_rows_of_the_same_precision_only():
+    # base and small time ours in bf16 but not nn.Transformer: no bf16 pair to show there
+    def row(tokens_per_s, *times):
+        return {"tokens_per_s": tokens_per_s, "times_s": list(times)}
+
+    run = {
+        "rows": {
+            "train/ours-fused": row(900.0, 1.0, 2.0, 3.0),
+            "train/torch": row(800.0, 2.0, 2.0, 2.0),
+            "train/ours-fused-bf16": row(2000.0, 0.5, 0.5, 0.5),
+        }
+    }
+    table = benchmark.side_by_side(run)
+    assert list(table) == ["float32"]
+    assert table["float32"]["ours"] == 900.0 and table["float32"]["torch.nn.Transformer"] == 800.0
+    ratio = table["float32"]["time ratio"]
+    assert ratio["ratio"] == 1.0 and (ratio["paired_min"], ratio["paired_max"]) == (0.5, 1.5)
+    run["rows"]["train/torch-bf16"] = row(1600.0, 1.0, 1.0, 1.0)
+    table = benchmark.side_by_side(run)
+    assert list(table) == ["float32", "bf16 autocast"]
+    assert table["bf16 autocast"]["time ratio"]["ratio"] == 0.5
+
+
 @pytest.fixture(scope="module")
 def multi30k(tmp_path_factory):
     """The multi30k configuration's data, its tokenizer learned into a temporary cache."""
