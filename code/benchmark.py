@@ -493,7 +493,7 @@ RATIOS = [
     (
         "train/ours-fused-bf16",
         "train/torch-bf16",
-        "training step, both bf16: ours (fused) / nn.Transformer",
+        "training step: ours (fused, bf16) / nn.Transformer (bf16)",
     ),
     ("train/ours-fused-bf16", "train/ours-fused", "training step: ours (fused), bf16 / float32"),
     ("train/torch-bf16", "train/torch", "training step: nn.Transformer, bf16 / float32"),
@@ -678,9 +678,10 @@ def report(results, table):
         for precision, pair in side_by_side(run).items():
             ours, theirs = pair["ours"], pair["torch.nn.Transformer"]
             print(f"  target tokens/s, {precision}: ours {ours:,.0f}, nn.Transformer {theirs:,.0f}")
+        width = max(map(len, run["ratios"]), default=0)
         for label, r in run["ratios"].items():
             spread = f"per round {r['paired_min']:.3f}..{r['paired_max']:.3f}"
-            print(f"  {label:<52} {r['ratio']:6.3f}  ({spread})")
+            print(f"  {label:<{width}} {r['ratio']:6.3f}  ({spread})")
         for key, reason in run["skipped"].items():
             print(f"  skipped {key}: {reason}")
 
