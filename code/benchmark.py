@@ -192,7 +192,8 @@ class TorchTransformer(nn.Module):
         # our boolean masks are True where attending is allowed, nn.Transformer's where not
         src_padding = ~src_mask[:, 0]  # (batch, seq_src)
         tgt_padding = ~tgt_mask[:, -1]  # the last query sees every real target position
-        causal = ~at.subsequent_mask(tgt.size(1))[0].to(tgt.device)
+        # True above the diagonal (the future), made on the step's device: no host copy
+        causal = torch.ones(tgt.size(1), tgt.size(1), dtype=torch.bool, device=tgt.device).triu(1)
         return self.transformer(
             self.src_embed(src),
             self.tgt_embed(tgt),
