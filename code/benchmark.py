@@ -10,15 +10,14 @@ train/* rows time one at.train_step (forward, fused label-smoothed loss, backwar
 Eq. (3)) of our model (fused and reference attention; bf16 autocast where the hardware computes
 in bf16) and of torch.nn.Transformer inside our embeddings and generator. The base and small
 configurations train on a batch of random ids; multi30k trains the model of that training
-profile, with its recipe, at its real batch: a few batches of Multi30k's training pairs as
+profile, with its recipe, at its real batch: four batches of Multi30k's training pairs as
 at.batch_by_tokens cuts them (tokenizer learned once and kept in --tokenizer-cache), each call
 one step on each, ours and nn.Transformer in float32 and, where bf16 is native, both in bf16
-autocast. decode/* rows time
-greedy and beam 4 decoding with and without the key/value cache, never stopping early (end
-symbol -1). After --warmup calls per row, each round visits the rows starting one row later
-(A B C, B C A, ...), one Timer.blocked_autorange each, so that the machine's load hits every
-row alike. A row's time is the median over rounds; a ratio, the ratio of medians, with the
-median and range of the per-round ratios.
+autocast. decode/* rows time greedy and beam 4 decoding with and without the key/value cache,
+never stopping early (end symbol -1). After --warmup calls per row, each round visits the
+rows starting one row later (A B C, B C A, ...), one Timer.blocked_autorange each, so that the
+machine's load hits every row alike. A row's time is the median over rounds; a ratio, the
+ratio of medians, with the median and range of the per-round ratios.
 """
 
 import argparse
