@@ -375,7 +375,9 @@ def profile_rows(data, device, bf16):
     model = replace(config.model, fused=True)  # training's path (the profiles' default)
     vocab = data.tokenizer.get_vocab_size()
     batches = [data.corpus.batch(indices, device) for indices in data.chosen]
-    tokens, flops = sum(batch.ntokens for batch in batches), sum(data.step_flops())
+    # counted on the host from the lengths, whatever the batches keep on their device
+    tokens = sum(data.corpus.target_tokens(indices) for indices in data.chosen)
+    flops = sum(data.step_flops())
 
     def row(key, label, build, amp=None):
         torch.manual_seed(config.seed)

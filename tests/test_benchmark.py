@@ -327,7 +327,8 @@ def test_profile_rows_train_ours_and_the_twin_on_the_same_batches(tmp_path):
     original = at.train_step
 
     def recording(model, batch, *args, **kwargs):
-        seen.append((type(model).__name__, batch.src.shape, batch.ntokens, kwargs.get("amp")))
+        name, ntokens = type(model).__name__, int(batch.ntokens)
+        seen.append((name, batch.src.shape, ntokens, kwargs.get("amp")))
         return original(model, batch, *args, **kwargs)
 
     at.train_step = recording
