@@ -1,26 +1,34 @@
 """Speed, measured side by side: training steps and decoding of our Transformer against
 torch.nn.Transformer, timed with torch.utils.benchmark in one process, in interleaved rounds.
 
-    python code/benchmark.py --device cpu --threads 2 --config base small \\
+    python code/benchmark.py --device cpu --threads 2 --config base small multi30k \\
         --out benchmarks/results/cpu.json
     python code/benchmark.py --device cuda --config base small --out benchmarks/results/cuda.json
     python code/benchmark.py --quick --out /tmp/smoke.json       # a tiny smoke run, seconds
 
 train/* rows time one at.train_step (forward, fused label-smoothed loss, backward, Adam with
 Eq. (3)) of our model (fused and reference attention; bf16 autocast where the hardware computes
-in bf16) and of torch.nn.Transformer inside our embeddings and generator; decode/* rows time
-greedy and beam 4 decoding with and without the key/value cache, never stopping early (end
-symbol -1). After --warmup calls per row, each round visits the rows starting one row later
-(A B C, B C A, ...), one Timer.blocked_autorange each, so that the machine's load hits every
-row alike. A row's time is the median over rounds; a ratio, the ratio of medians, with the
-median and range of the per-round ratios.
+in bf16) and of torch.nn.Transformer inside our embeddings and generator. The base and small
+configurations train on a batch of random ids; multi30k trains the model of that training
+profile, with its recipe, at its real batch: four batches of Multi30k's training pairs as
+at.batch_by_tokens cuts them (tokenizer learned once and kept in --tokenizer-cache), each call
+one step on each, ours and nn.Transformer in float32 and, where bf16 is native, both in bf16
+autocast. decode/* rows time greedy and beam 4 decoding with and without the key/value cache,
+never stopping early (end symbol -1). After --warmup calls per row, each round visits the
+rows starting one row later (A B C, B C A, ...), one Timer.blocked_autorange each, so that the
+machine's load hits every row alike. A row's time is the median over rounds; a ratio, the
+ratio of medians, with the median and range of the per-round ratios.
 """
 
 import argparse
+import hashlib
 import json
 import os
+import pathlib
+import random
 import statistics
 import sys
+import tempfile
 import time
 from collections import namedtuple
 from dataclasses import asdict, dataclass, replace
@@ -32,10 +40,11 @@ from torch.utils.benchmark import Compare, Measurement, Timer
 import annotated_transformer as at
 import cli
 
-SCHEMA = 2
+SCHEMA = 3  # 3: profile configurations (real batches), updates per call
 NEVER = -1  # an end symbol no token id can equal: decoding runs its full length
-# work() does a row's unit of work once: `tokens` target tokens (decoding: tokens produced)
-Row = namedtuple("Row", "key label work tokens flops", defaults=[None])
+# work() does a row's unit of work once: `tokens` target tokens (decoding: tokens produced),
+# in `updates` training steps (None: decoding)
+Row = namedtuple("Row", "key label work tokens flops updates", defaults=[None, None])
 
 
 @dataclass(frozen=True)
@@ -50,14 +59,30 @@ class BenchConfig:
     seq: int = 30
 
 
+@dataclass(frozen=True)
+class ProfileBench:
+    """A training profile's model with its recipe (at.PROFILES[profile]) at its real batch:
+    `batches` batches of at.batch_by_tokens(lengths, max_tokens, seed) over the profile's
+    training pairs, which `corpus` names: "multi30k" (Multi30k's training split, read by
+    at.load_multi30k) or "stand-in" (a few made-up pairs, for smoke runs only)."""
+
+    name: str
+    profile: str
+    corpus: str
+    batches: int = 4
+
+
 CONFIGS = {
     "base": BenchConfig("base", at.BASE),
     "small": BenchConfig("small", at.SMALL),
+    "multi30k": ProfileBench("multi30k", "multi30k", "multi30k"),
     # every code path in seconds: for --quick and the tests, not for conclusions
     "tiny": BenchConfig(
         "tiny", replace(at.PROFILES["tiny"].model, share_embeddings=False), 64, 4, 6
     ),
+    "tiny-profile": ProfileBench("tiny-profile", "tiny", "stand-in", 2),
 }
+QUICK = ["tiny", "tiny-profile"]
 
 
 def forward_flops(config, vocab, batch, src_len, tgt_len):
@@ -132,7 +157,9 @@ class TorchTransformer(nn.Module):
     projections (4 d_model per attention module), and nn.Transformer closes the encoder and
     the decoder with a LayerNorm even in post-LN (2 d_model each): 12 N d_model + 4 d_model
     more parameters. Dropout is the same: nn.Transformer's on attention weights and ReLU
-    units, which the paper lacks (§5.4), get our attention_dropout and relu_dropout (0)."""
+    units, which the paper lacks (§5.4), get our attention_dropout and relu_dropout (0).
+    With config.share_embeddings, both embeddings and the generator share one matrix, as in
+    at.build_model (§3.4)."""
 
     def __init__(self, vocab, config):
         super().__init__()
@@ -156,12 +183,16 @@ class TorchTransformer(nn.Module):
             layer.dropout = nn.Dropout(c.relu_dropout)  # between the feed-forward's two maps
         self.generator = at.Generator(c.d_model, vocab)
         at.initialise(self.generator.projection)  # as at.build_model; embeddings init themselves
+        if c.share_embeddings:
+            shared = self.src_embed[0].embedding.weight
+            self.tgt_embed[0].embedding.weight = self.generator.projection.weight = shared
 
     def forward(self, src, tgt, src_mask, tgt_mask):
         # our boolean masks are True where attending is allowed, nn.Transformer's where not
         src_padding = ~src_mask[:, 0]  # (batch, seq_src)
         tgt_padding = ~tgt_mask[:, -1]  # the last query sees every real target position
-        causal = ~at.subsequent_mask(tgt.size(1))[0].to(tgt.device)
+        # True above the diagonal (the future), made on the step's device: no host copy
+        causal = torch.ones(tgt.size(1), tgt.size(1), dtype=torch.bool, device=tgt.device).triu(1)
         return self.transformer(
             self.src_embed(src),
             self.tgt_embed(tgt),
@@ -213,7 +244,7 @@ def training_rows(bench, device, bf16):
         def work():
             at.train_step(model, batch, optimizer, scheduler, scaler, 0.1, amp=amp)
 
-        return Row(key, label, work, batch.ntokens, flops)
+        return Row(key, label, work, batch.ntokens, flops, 1)
 
     torch.manual_seed(0)
     theirs = TorchTransformer(bench.vocab, bench.model)
@@ -225,6 +256,159 @@ def training_rows(bench, device, bf16):
     if bf16:
         label = "ours, fused attention, bf16 autocast"
         rows.append(row("train/ours-fused-bf16", label, ours(True), torch.bfloat16))
+    return rows
+
+
+def stand_in_pairs(count=48, seed=0):
+    """Made-up sentence pairs for smoke runs: words of two to five letters, the target the
+    source's words in reverse order. Nothing to draw conclusions from."""
+    generator = random.Random(seed)
+
+    def sentence():
+        length = generator.randint(3, 14)
+        return " ".join(
+            "".join(generator.choices("abcdefghijklmnop", k=generator.randint(2, 5)))
+            for _ in range(length)
+        )
+
+    sources = [sentence() for _ in range(count)]
+    return [(source, " ".join(reversed(source.split()))) for source in sources]
+
+
+def profile_pairs(bench):
+    """The training pairs of a ProfileBench: Multi30k's training split, or the stand-in."""
+    if bench.corpus == "multi30k":
+        return at.load_multi30k("train")
+    if bench.corpus == "stand-in":
+        return stand_in_pairs()
+    raise ValueError(f"corpus must be 'multi30k' or 'stand-in', got {bench.corpus!r}")
+
+
+def pairs_digest(pairs):
+    """SHA-256 of sentence pairs: the tokenizer cache keeps one folder per set of pairs."""
+    digest = hashlib.sha256()
+    for source, target in pairs:
+        digest.update(f"{source}\t{target}\n".encode())
+    return digest.hexdigest()
+
+
+def default_tokenizer_cache():
+    return pathlib.Path(tempfile.gettempdir()) / "annotated-transformer-benchmark"
+
+
+def spread_batches(lengths, max_tokens, count, seed=0):
+    """`count` of the batches that at.batch_by_tokens(lengths, max_tokens, seed) cuts for an
+    epoch, spread over its lengths: of those batches ordered from the shortest sentences to
+    the longest, the middle one of each of `count` equal slices, so that together they stand
+    for the epoch's mix of lengths (padding and attention grow with a batch's longest)."""
+    # unshuffled: the same batches (the cuts come before the shuffle), in order of length
+    batches = at.batch_by_tokens(lengths, max_tokens, seed, shuffle=False)
+    if not 0 < count <= len(batches):
+        raise ValueError(f"count must be in 1..{len(batches)} (the epoch's batches), got {count}")
+    return [batches[(2 * i + 1) * len(batches) // (2 * count)] for i in range(count)]
+
+
+def real_token_flops(config, vocab, lengths, indices):
+    """Training FLOPs of one step on these pairs for their real tokens: each pair at its own
+    lengths (source with </s>; the decoder reads <s> y_1 ... y_m, one fewer than the target
+    ids), so padding adds nothing. Equal to training_flops for pairs of equal lengths."""
+    return sum(training_flops(config, vocab, 1, lengths[i][0], lengths[i][1] - 1) for i in indices)
+
+
+@dataclass
+class ProfileData:
+    """What a ProfileBench's rows train on: the profile, its tokenizer, the encoded pairs,
+    the chosen batches (lists of pair indices) and a description of them for the JSON."""
+
+    config: at.TrainConfig
+    tokenizer: at.Tokenizer
+    corpus: at.EncodedCorpus
+    chosen: list
+    record: dict
+
+    def step_flops(self):
+        """Training FLOPs of each chosen batch, for its real tokens."""
+        vocab, lengths = self.tokenizer.get_vocab_size(), self.corpus.lengths
+        return [real_token_flops(self.config.model, vocab, lengths, i) for i in self.chosen]
+
+
+def profile_data(bench, cache=None):
+    """Read and encode a ProfileBench's pairs with a BPE vocabulary of the profile's size
+    (learned once, then read from `cache`/<digest of the pairs>/), and choose its batches."""
+    config = at.PROFILES[bench.profile]
+    pairs = profile_pairs(bench)
+    digest = pairs_digest(pairs)
+    folder = pathlib.Path(cache or default_tokenizer_cache()) / digest[:16]
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = cli.tokenizers(pairs, folder)(config.vocab_size)
+    corpus = at.EncodedCorpus.from_pairs(pairs, tokenizer)
+    chosen = spread_batches(corpus.lengths, config.max_tokens, bench.batches, config.seed)
+    epoch = len(at.batch_by_tokens(corpus.lengths, config.max_tokens, config.seed))
+
+    def describe(indices):
+        lengths = [corpus.lengths[i] for i in indices]
+        return {
+            "sentences": len(indices),
+            "source_length": max(s for s, _ in lengths),  # padded to this, </s> included
+            "target_length": max(t for _, t in lengths) - 1,  # the decoder's input
+            "source_tokens": sum(s for s, _ in lengths),
+            "target_tokens": corpus.target_tokens(indices),
+        }
+
+    record = {
+        "corpus": "Multi30k train" if bench.corpus == "multi30k" else bench.corpus,
+        "pairs": len(pairs),
+        "sha256": digest,
+        "vocab": tokenizer.get_vocab_size(),
+        "max_tokens": config.max_tokens,
+        "epoch_batches": epoch,
+        "batches": [describe(indices) for indices in chosen],
+    }
+    return ProfileData(config, tokenizer, corpus, chosen, record)
+
+
+def profile_rows(data, device, bf16):
+    """Rows that train the profile's model, ours and nn.Transformer's twin, from the same
+    seed with the profile's optimizer and label smoothing: each call one at.train_step on
+    each chosen batch, in order; in float32, and with `bf16` both again in bf16 autocast."""
+    config = data.config
+    model = replace(config.model, fused=True)  # training's path (the profiles' default)
+    vocab = data.tokenizer.get_vocab_size()
+    batches = [data.corpus.batch(indices, device) for indices in data.chosen]
+    # counted on the host from the lengths, whatever the batches keep on their device
+    tokens = sum(data.corpus.target_tokens(indices) for indices in data.chosen)
+    flops = sum(data.step_flops())
+
+    def row(key, label, build, amp=None):
+        torch.manual_seed(config.seed)
+        network = build().to(device).train()
+        optimizer, scheduler = at.make_optimizer(
+            network, model.d_model, config.lr_factor, config.warmup_steps, config.weight_decay
+        )
+        scaler = torch.amp.GradScaler(device.type, enabled=False)  # bf16 needs no scaling
+
+        def work():
+            for batch in batches:
+                at.train_step(
+                    network, batch, optimizer, scheduler, scaler, config.smoothing, amp=amp
+                )
+
+        return Row(key, label, work, tokens, flops, len(batches))
+
+    def ours():
+        return at.build_model(vocab, vocab, model)
+
+    def theirs():
+        return TorchTransformer(vocab, model)
+
+    rows = [
+        row("train/ours-fused", "ours, fused attention, float32", ours),
+        row("train/torch", "torch.nn.Transformer, float32", theirs),
+    ]
+    if bf16:
+        bf = torch.bfloat16
+        rows.append(row("train/ours-fused-bf16", "ours, fused attention, bf16 autocast", ours, bf))
+        rows.append(row("train/torch-bf16", "torch.nn.Transformer, bf16 autocast", theirs, bf))
     return rows
 
 
@@ -299,6 +483,8 @@ def summarize(row, measurements, memory=None, peak_flops=None):
         "flops_per_s": flops_per_s,
         "mfu": flops_per_s / peak_flops if flops_per_s and peak_flops else None,
         "peak_memory_bytes": memory,
+        "updates": row.updates,  # training steps per call
+        "seconds_per_update": median / row.updates if row.updates else None,
     }
 
 
@@ -306,6 +492,13 @@ RATIOS = [
     ("train/ours-fused", "train/torch", "training step: ours (fused) / nn.Transformer"),
     ("train/ours-reference", "train/torch", "training step: ours (reference) / nn.Transformer"),
     ("train/ours-fused-bf16", "train/torch", "training step: ours (fused, bf16) / nn.Transformer"),
+    (
+        "train/ours-fused-bf16",
+        "train/torch-bf16",
+        "training step: ours (fused, bf16) / nn.Transformer (bf16)",
+    ),
+    ("train/ours-fused-bf16", "train/ours-fused", "training step: ours (fused), bf16 / float32"),
+    ("train/torch-bf16", "train/torch", "training step: nn.Transformer, bf16 / float32"),
     ("train/ours-fused", "train/ours-reference", "training step: fused / reference attention"),
     ("decode/greedy-cache", "decode/greedy-nocache", "greedy: with cache / without"),
     ("decode/beam-cache", "decode/beam-nocache", "beam 4: with cache / without"),
@@ -328,16 +521,59 @@ def ratio(rows, numerator, denominator):
     }
 
 
+# the side-by-side view of a run's training rows: per precision, (ours, nn.Transformer)
+SIDE_BY_SIDE = {
+    "float32": ("train/ours-fused", "train/torch"),
+    "bf16 autocast": ("train/ours-fused-bf16", "train/torch-bf16"),
+}
+
+
+def side_by_side(run):
+    """A run's training rows side by side: {precision: {"ours": tokens/s,
+    "torch.nn.Transformer": tokens/s, "time ratio": ratio(ours, nn.Transformer)}} for each
+    precision in which both were measured (bf16: only where bf16 is native)."""
+    rows, table = run["rows"], {}
+    for precision, (ours, theirs) in SIDE_BY_SIDE.items():
+        if ours in rows and theirs in rows:
+            table[precision] = {
+                "ours": rows[ours]["tokens_per_s"],
+                "torch.nn.Transformer": rows[theirs]["tokens_per_s"],
+                "time ratio": ratio(rows, ours, theirs),
+            }
+    return table
+
+
 def run_config(bench, device, args, log):
     """Build, warm up, time and summarise every row of one configuration. Returns its JSON
     record and, for Compare, one Measurement per row holding its per-round times."""
     bf16 = args.bf16 == "on" or (args.bf16 == "auto" and bf16_native(device))
     why_not = "--bf16 off" if args.bf16 == "off" else "no native bf16 (CPU: AVX-512 BF16, AMX)"
     peak = bf16_peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
-    groups = {
-        "training step": lambda: training_rows(bench, device, bf16),
-        "decoding": lambda: decoding_rows(bench, device),
-    }
+    if isinstance(bench, ProfileBench):
+        data = profile_data(bench, args.tokenizer_cache)
+        groups = {"training step": lambda: profile_rows(data, device, bf16)}
+        bf16_rows = ["train/ours-fused-bf16", "train/torch-bf16"]
+        per_call = sum(data.step_flops())
+        record = {
+            "config": {**asdict(bench), "recipe": asdict(data.config)},
+            "data": data.record,
+            # for the real tokens: the mean step of the chosen batches, and all of them
+            "flops": {"training_step": per_call / len(data.chosen), "per_call": per_call},
+        }
+    else:
+        groups = {
+            "training step": lambda: training_rows(bench, device, bf16),
+            "decoding": lambda: decoding_rows(bench, device),
+        }
+        bf16_rows = ["train/ours-fused-bf16"]
+        shape = bench.vocab, bench.batch, bench.seq, bench.seq
+        record = {
+            "config": {**asdict(bench), "model": asdict(bench.model)},
+            "flops": {
+                "forward": forward_flops(bench.model, *shape),
+                "training_step": training_flops(bench.model, *shape),
+            },
+        }
     rows, table = {}, []
     for group, build in groups.items():  # one at a time: only one group's models in memory
         built = build()
@@ -347,17 +583,10 @@ def run_config(bench, device, args, log):
             rows[row.key] = summarize(row, measurements, peak_memory(row.work, device), peak)
             table.append(Measurement(1, rows[row.key]["times_s"], measurements[0].task_spec))
         del built, measured
-    shape = bench.vocab, bench.batch, bench.seq, bench.seq
-    return {
-        "config": {**asdict(bench), "model": asdict(bench.model)},
-        "flops": {
-            "forward": forward_flops(bench.model, *shape),
-            "training_step": training_flops(bench.model, *shape),
-        },
-        "rows": rows,
-        "ratios": {label: ratio(rows, a, b) for a, b, label in RATIOS if a in rows and b in rows},
-        "skipped": {} if bf16 else {"train/ours-fused-bf16": why_not},
-    }, table
+    record["rows"] = rows
+    record["ratios"] = {label: ratio(rows, a, b) for a, b, label in RATIOS if {a, b} <= set(rows)}
+    record["skipped"] = {} if bf16 else dict.fromkeys(bf16_rows, why_not)
+    return record, table
 
 
 def parse_args(argv=None):
@@ -367,16 +596,22 @@ def parse_args(argv=None):
     add = parser.add_argument
     cli.add_device_flag(parser)
     add("--threads", type=cli.positive_int, help="torch CPU threads (default: torch's)")
-    add("--config", nargs="+", choices=sorted(CONFIGS), default=["base"], help="configurations")
+    add("--config", nargs="+", choices=list(CONFIGS), help="configurations (default: base)")
     add("--rounds", type=cli.positive_int, help="interleaved rounds per row (default 7)")
     add("--warmup", type=int, default=1, help="untimed calls per row before the rounds")
     add("--min-seconds", type=cli.non_negative_float, default=0.2, help="min_run_time per round")
     add("--bf16", choices=["auto", "on", "off"], default="auto", help="the bf16 autocast row")
-    add("--quick", action="store_true", help="smoke run: tiny, 2 rounds unless given, no minimum")
+    add("--quick", action="store_true",
+        help=f"smoke run: {' and '.join(QUICK)} unless --config is given, 2 rounds unless "
+        "given, no minimum")  # fmt: skip
+    add("--tokenizer-cache", type=cli.given_path,
+        help=f"folder for the tokenizers of the profile configurations (default: "
+        f"{default_tokenizer_cache()})")  # fmt: skip
     add("--out", type=cli.given_path, help="write the results here (JSON)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.config, args.min_seconds = ["tiny"], 0.0
+        args.config, args.min_seconds = args.config or QUICK, 0.0
+    args.config = args.config or ["base"]
     args.rounds = args.rounds or (2 if args.quick else 7)
     if args.warmup < 0:
         parser.error(f"argument --warmup: must be an integer >= 0, got {args.warmup}")
@@ -439,10 +674,16 @@ def report(results, table):
     compare.highlight_warnings()  # (! x%): the per-round times spread x% (interquartile range)
     compare.print()
     for name, run in results["runs"].items():
-        print(f"{name}: {run['flops']['training_step'] / 1e9:,.3f} GFLOP per training step")
+        data = run.get("data")  # profile configurations: real batches
+        mean = f" (mean of {len(data['batches'])} batches of {data['corpus']})" if data else ""
+        print(f"{name}: {run['flops']['training_step'] / 1e9:,.3f} GFLOP per training step{mean}")
+        for precision, pair in side_by_side(run).items():
+            ours, theirs = pair["ours"], pair["torch.nn.Transformer"]
+            print(f"  target tokens/s, {precision}: ours {ours:,.0f}, nn.Transformer {theirs:,.0f}")
+        width = max(map(len, run["ratios"]), default=0)
         for label, r in run["ratios"].items():
             spread = f"per round {r['paired_min']:.3f}..{r['paired_max']:.3f}"
-            print(f"  {label:<52} {r['ratio']:6.3f}  ({spread})")
+            print(f"  {label:<{width}} {r['ratio']:6.3f}  ({spread})")
         for key, reason in run["skipped"].items():
             print(f"  skipped {key}: {reason}")
 

@@ -1,10 +1,14 @@
 """The benchmark suite (code/benchmark.py): its FLOP formula against PyTorch's flop counter,
-its nn.Transformer baseline, its interleaved rounds and ratios, its flags, and a smoke run end
-to end. Tiny sizes only, and no timed assertions: speed depends on the machine."""
+its nn.Transformer baseline, its interleaved rounds and ratios, the real batches of its profile
+configurations, its flags, and a smoke run end to end. Tiny sizes only (the multi30k model is
+built and its batches cut, never trained), and no timed assertions: speed depends on the
+machine."""
 
 import json
 import math
-from dataclasses import replace
+import os
+import pathlib
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -15,6 +19,10 @@ import annotated_transformer as at
 import benchmark
 
 TINY = benchmark.CONFIGS["tiny"]
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+LOCAL_COPY = pathlib.Path(
+    os.environ.get("MULTI30K_DIR") or ROOT.parent / "shared" / "data" / "multi30k"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -118,6 +126,32 @@ def test_the_baseline_has_our_parameter_count_plus_known_extras(name):
     assert (theirs - ours) / ours < 0.005 or name == "tiny"
 
 
+@pytest.mark.parametrize("profile", ["multi30k", "tiny"])
+def test_the_twin_of_a_profile_model_shares_its_embeddings_and_has_our_count_plus_extras(
+    profile,
+):
+    # the training-sized row's baseline: one matrix for both embeddings and the generator,
+    # as in our model (§3.4), so only the documented extras differ
+    c = at.PROFILES[profile].model
+    vocab = at.PROFILES[profile].vocab_size
+    assert c.share_embeddings
+    ours = at.count_parameters(at.build_model(vocab, vocab, c))
+    twin = benchmark.TorchTransformer(vocab, c)
+    shared = twin.src_embed[0].embedding.weight
+    assert twin.tgt_embed[0].embedding.weight is shared
+    assert twin.generator.projection.weight is shared
+    theirs = at.count_parameters(twin)
+    # counted by hand: the shared matrix V d once; W^Q, W^K, W^V, W^O (4 d^2, no biases in
+    # ours, 4 d in nn.MultiheadAttention) per attention module; 2 d d_ff + d_ff + d per
+    # feed-forward; 2 d per LayerNorm, of which nn.Transformer has one more per stack
+    d, f, N = c.d_model, c.d_ff, c.N
+    attention, ff, norm = 4 * d * d, 2 * d * f + f + d, 2 * d
+    by_hand = vocab * d + N * (attention + ff + 2 * norm) + N * (2 * attention + ff + 3 * norm)
+    assert ours == by_hand
+    assert theirs == by_hand + 3 * N * 4 * d + 2 * norm == ours + 12 * N * d + 4 * d
+    assert (theirs - ours) / ours < 0.005 or profile == "tiny"
+
+
 def test_the_baseline_masks_padding_and_the_future():
     torch.manual_seed(0)
     # training mode without dropout: the same function as eval, without nn.Transformer's
@@ -178,6 +212,178 @@ def test_bf16_rows_train_on_a_cpu():
         assert row.flops == benchmark.training_flops(TINY.model, TINY.vocab, 4, 6, 6)
 
 
+def test_spread_batches_takes_the_middle_batch_of_equal_slices_of_lengths():
+    # max_tokens 1: every pair is a batch of its own (a longer pair still gets one), so the
+    # epoch's batches by length are the pairs of lengths 1, 2, ..., 12; in 4 slices of 3
+    # the middle ones have lengths 2, 5, 8 and 11
+    lengths = [(n, n) for n in (7, 3, 12, 1, 9, 5, 11, 2, 6, 10, 4, 8)]
+    chosen = benchmark.spread_batches(lengths, max_tokens=1, count=4)
+    assert [[lengths[i][0] for i in batch] for batch in chosen] == [[2], [5], [8], [11]]
+    epoch = at.batch_by_tokens(lengths, 1, seed=0)  # as training cuts (and shuffles) them
+    assert all(batch in epoch for batch in chosen)
+    with pytest.raises(ValueError, match="count must be in 1..12"):
+        benchmark.spread_batches(lengths, max_tokens=1, count=13)
+
+
+def test_real_token_flops_count_each_pair_at_its_own_lengths():
+    # against the flop counter, one pair at a time (batch 1: no padding), forward + backward
+    config = replace(TINY.model, fused=False)
+    lengths = [(5, 4), (9, 7), (3, 8)]  # source with </s>; target ids with <s> and </s>
+    torch.manual_seed(0)
+    model = at.build_model(50, 50, config)
+    counted = 0
+    for i, (src_len, tgt_len) in enumerate(lengths):
+        inputs = tiny_inputs(1, src_len, tgt_len - 1, seed=i)  # the decoder reads tgt_len - 1
+        counted += counted_flops(model, inputs, backward=True)
+    assert benchmark.real_token_flops(config, 50, lengths, [0, 1, 2]) == counted
+    # pairs of equal lengths: the formula of a batch without padding
+    same = [(6, 5)] * 3
+    assert benchmark.real_token_flops(config, 50, same, [0, 1, 2]) == benchmark.training_flops(
+        config, 50, 3, 6, 4
+    )
+
+
+def test_side_by_side_pairs_rows_of_the_same_precision_only():
+    # base and small time ours in bf16 but not nn.Transformer: no bf16 pair to show there
+    def row(tokens_per_s, *times):
+        return {"tokens_per_s": tokens_per_s, "times_s": list(times)}
+
+    run = {
+        "rows": {
+            "train/ours-fused": row(900.0, 1.0, 2.0, 3.0),
+            "train/torch": row(800.0, 2.0, 2.0, 2.0),
+            "train/ours-fused-bf16": row(2000.0, 0.5, 0.5, 0.5),
+        }
+    }
+    table = benchmark.side_by_side(run)
+    assert list(table) == ["float32"]
+    assert table["float32"]["ours"] == 900.0 and table["float32"]["torch.nn.Transformer"] == 800.0
+    ratio = table["float32"]["time ratio"]
+    assert ratio["ratio"] == 1.0 and (ratio["paired_min"], ratio["paired_max"]) == (0.5, 1.5)
+    run["rows"]["train/torch-bf16"] = row(1600.0, 1.0, 1.0, 1.0)
+    table = benchmark.side_by_side(run)
+    assert list(table) == ["float32", "bf16 autocast"]
+    assert table["bf16 autocast"]["time ratio"]["ratio"] == 0.5
+
+
+@pytest.fixture(scope="module")
+def multi30k(tmp_path_factory):
+    """The multi30k configuration's data, its tokenizer learned into a temporary cache."""
+    if not (LOCAL_COPY / "train.de.gz").is_file():
+        pytest.skip(f"no local Multi30k copy at {LOCAL_COPY}; set MULTI30K_DIR")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MULTI30K_DIR", str(LOCAL_COPY))
+        cache = tmp_path_factory.mktemp("tokenizers")
+        return benchmark.profile_data(benchmark.CONFIGS["multi30k"], cache), cache
+
+
+def test_the_training_sized_row_trains_on_real_multi30k_batches(multi30k, monkeypatch):
+    data, cache = multi30k
+    bench, profile = benchmark.CONFIGS["multi30k"], at.PROFILES["multi30k"]
+    assert (bench.profile, bench.corpus) == ("multi30k", "multi30k")
+    monkeypatch.setenv("MULTI30K_DIR", str(LOCAL_COPY))
+    pairs = at.load_multi30k("train")
+    assert data.record["pairs"] == len(pairs) == 29000
+    assert data.tokenizer.get_vocab_size() == data.record["vocab"] == profile.vocab_size == 5000
+    # lengths counted here, one sentence at a time: source + </s>, <s> + target + </s>
+    encode = data.tokenizer.encode
+    lengths = [(len(encode(s).ids) + 1, len(encode(t).ids) + 2) for s, t in pairs]
+    assert data.corpus.lengths == lengths
+    epoch = at.batch_by_tokens(lengths, profile.max_tokens, profile.seed)  # as training cuts
+    assert data.record["epoch_batches"] == len(epoch)
+    assert len(data.chosen) == bench.batches == 4
+    assert all(batch in epoch for batch in data.chosen)
+    assert len({tuple(batch) for batch in data.chosen}) == 4
+    # spread over the epoch's lengths: from below the median longest source to above it
+    longest = [max(lengths[i][0] for i in batch) for batch in data.chosen]
+    median = sorted(max(lengths[i][0] for i in batch) for batch in epoch)[len(epoch) // 2]
+    assert longest == sorted(longest) and longest[0] < median < longest[-1]
+    targets = [sum(lengths[i][1] - 1 for i in batch) for batch in data.chosen]
+    assert [b["target_tokens"] for b in data.record["batches"]] == targets
+    for batch, record in zip(data.chosen, data.record["batches"]):
+        padded = len(batch) * max(record["source_length"], record["target_length"] + 1)
+        assert record["sentences"] == len(batch) and padded <= profile.max_tokens
+    rows = benchmark.profile_rows(data, torch.device("cpu"), bf16=False)
+    assert [row.key for row in rows] == ["train/ours-fused", "train/torch"]
+    for row in rows:
+        assert row.tokens == sum(targets) and row.updates == 4
+        per_pair = [
+            benchmark.training_flops(profile.model, 5000, 1, lengths[i][0], lengths[i][1] - 1)
+            for batch in data.chosen
+            for i in batch
+        ]
+        assert row.flops == sum(per_pair)
+    # the tokenizer was learned once and kept: a second read finds it in the cache
+    (kept,) = cache.glob("*/tokenizer-5000.json")
+    assert at.load_tokenizer(kept).to_str() == data.tokenizer.to_str()
+
+
+def test_profile_rows_train_ours_and_the_twin_on_the_same_batches(tmp_path):
+    data = benchmark.profile_data(benchmark.CONFIGS["tiny-profile"], tmp_path)
+    rows = benchmark.profile_rows(data, torch.device("cpu"), bf16=True)
+    keys = ["train/ours-fused", "train/torch", "train/ours-fused-bf16", "train/torch-bf16"]
+    assert [row.key for row in rows] == keys
+    seen = []
+    original = at.train_step
+
+    def recording(model, batch, *args, **kwargs):
+        name, ntokens = type(model).__name__, int(batch.ntokens)
+        seen.append((name, batch.src.shape, ntokens, kwargs.get("amp")))
+        return original(model, batch, *args, **kwargs)
+
+    at.train_step = recording
+    try:
+        for row in rows:
+            row.work()
+    finally:
+        at.train_step = original
+    shapes = [(len(b), max(data.corpus.lengths[i][0] for i in b)) for b in data.chosen]
+    tokens = [data.corpus.target_tokens(b) for b in data.chosen]
+    expected = [
+        (model, torch.Size(shape), n, amp)
+        for model, amp in [
+            ("EncoderDecoder", None),
+            ("TorchTransformer", None),
+            ("EncoderDecoder", torch.bfloat16),
+            ("TorchTransformer", torch.bfloat16),
+        ]
+        for shape, n in zip(shapes, tokens)
+    ]
+    assert seen == expected
+
+
+@pytest.mark.parametrize(
+    "avx512_bf16, amx, native",
+    [
+        (False, False, False),
+        (True, False, True),
+        (False, True, True),
+        (True, True, True),
+        (None, None, False),
+    ],
+)
+def test_the_bf16_column_appears_exactly_when_the_cpu_has_native_bf16(
+    avx512_bf16, amx, native, tmp_path, monkeypatch
+):
+    if avx512_bf16 is None:  # torch without its private helpers: no native bf16 assumed
+        monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")
+    else:
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    out = tmp_path / "quick.json"
+    argv = ["--quick", "--config", "tiny-profile", "--rounds", "1", "--warmup", "0"]
+    argv += ["--threads", "1", "--tokenizer-cache", str(tmp_path), "--out", str(out)]
+    assert benchmark.main(argv, log=lambda _: None) == 0
+    results = json.loads(out.read_text())
+    assert results["hardware"]["bf16_native"] is native
+    run = results["runs"]["tiny-profile"]
+    bf16 = {"train/ours-fused-bf16", "train/torch-bf16"}
+    assert set(run["rows"]) == {"train/ours-fused", "train/torch"} | (bf16 if native else set())
+    assert set(run["skipped"]) == (set() if native else bf16)
+    columns = list(benchmark.side_by_side(run))
+    assert columns == (["float32", "bf16 autocast"] if native else ["float32"])
+
+
 @pytest.mark.parametrize(
     "argv, flag",
     [
@@ -209,7 +415,8 @@ def test_an_output_folder_that_cannot_be_made_exits_2_before_measuring(tmp_path,
 def test_quick_run_writes_json_with_every_row_and_ratio(tmp_path, capsys):
     out = tmp_path / "results" / "quick.json"
     torch.set_num_threads(2)
-    assert benchmark.main(["--quick", "--threads", "1", "--out", str(out)], log=print) == 0
+    argv = ["--quick", "--threads", "1", "--tokenizer-cache", str(tmp_path), "--out", str(out)]
+    assert benchmark.main(argv, log=print) == 0
     assert torch.get_num_threads() == 2  # main() restores the thread count it changed
     results = json.loads(out.read_text())
     assert results["schema"] == benchmark.SCHEMA
@@ -221,6 +428,7 @@ def test_quick_run_writes_json_with_every_row_and_ratio(tmp_path, capsys):
     assert len(hardware["load_average_start"]) == len(hardware["load_average_end"]) == 3
     assert hardware["gpu"] is None and hardware["gpu_bf16_peak_flops"] is None
     assert results["settings"]["rounds"] == 2 and results["settings"]["decode_end_symbol"] == -1
+    assert list(results["runs"]) == benchmark.QUICK == ["tiny", "tiny-profile"]
     run = results["runs"]["tiny"]
     expected = {
         "train/ours-fused",
@@ -253,3 +461,21 @@ def test_quick_run_writes_json_with_every_row_and_ratio(tmp_path, capsys):
         assert r["paired_min"] <= min(r["ratio"], r["paired_median"])
         assert max(r["ratio"], r["paired_median"]) <= r["paired_max"]
         assert label in printed
+    # the stand-in for the training-sized row: real batches of a made-up corpus
+    profile = results["runs"]["tiny-profile"]
+    data = profile["data"]
+    assert profile["config"]["recipe"] == json.loads(json.dumps(asdict(at.PROFILES["tiny"])))
+    assert data["corpus"] == "stand-in" and len(data["batches"]) == 2
+    tokens = sum(b["target_tokens"] for b in data["batches"])
+    assert set(profile["rows"]) - {"train/ours-fused-bf16", "train/torch-bf16"} == {
+        "train/ours-fused",
+        "train/torch",
+    }
+    for key, row in profile["rows"].items():
+        assert f"{key}: {row['label']}" in printed
+        assert row["tokens"] == tokens and row["updates"] == 2
+        assert row["seconds_per_update"] == pytest.approx(row["median_s"] / 2)
+        assert row["flops"] == profile["flops"]["per_call"] == 2 * profile["flops"]["training_step"]
+    float32 = benchmark.side_by_side(profile)["float32"]
+    assert float32["ours"] == profile["rows"]["train/ours-fused"]["tokens_per_s"]
+    assert f"target tokens/s, float32: ours {float32['ours']:,.0f}" in printed
