@@ -1447,8 +1447,12 @@ def native_bf16(device):
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_capability(device) >= (8, 0)
-    # torch's own cpuinfo; not mkldnn's check, which says yes to any AVX-512 CPU
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    # torch's own cpuinfo, not mkldnn's check, which says yes to any AVX-512 CPU; these
+    # helpers are private to torch: should they go, the answer is no
+    try:
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def faster_precision(config, corpus, vocab, steps=3):

@@ -205,16 +205,10 @@ class TorchTransformer(nn.Module):
 
 
 def bf16_native(device):
-    """Whether `device` multiplies bf16 natively (a GPU that supports it, a CPU with AVX-512
-    BF16 or AMX by torch's cpuinfo); elsewhere bf16 autocast only converts, slower than fp32."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    # Not torch.ops.mkldnn._is_mkldnn_bf16_supported(): it says yes for any AVX-512 CPU.
-    # These helpers are private to torch; should they go, the answer is no (--bf16 on remains).
-    try:
-        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    except (AttributeError, RuntimeError):
-        return False
+    """Whether `device` multiplies bf16 natively (at.native_bf16: a GPU of compute capability
+    8.0 or later, a CPU with AVX-512 BF16 or AMX); elsewhere bf16 autocast only converts,
+    slower than fp32."""
+    return at.native_bf16(device)
 
 
 def random_batch(bench, device, seed=0):
