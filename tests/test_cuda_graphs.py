@@ -156,13 +156,17 @@ def test_the_runner_on_a_cpu_trains_as_train_step_does():
     optimizer, scheduler = make_optimizer(plain, 32, 1.0, 100)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     plan = [b for epoch in range(2) for b in batch_by_tokens(corpus.lengths, 120, seed=epoch)]
-    losses = []
+    losses, gradients = [], None
     for indices in plan[:25]:
         ntokens = corpus.target_tokens(indices)
         sums = runner(*bucketed_ids(corpus, indices), ntokens)
         expected = train_step(plain, corpus.batch(indices), optimizer, scheduler, scaler, 0.0)
         assert torch.allclose(sums, expected, rtol=1e-4)
         losses.append(sums[0].item() / ntokens)
+        # the gradient buffers stay where they are, zeroed, as a replay needs them
+        assert all(p.grad is not None and not p.grad.any() for p in graphed.parameters())
+        gradients = gradients or [p.grad.data_ptr() for p in graphed.parameters()]
+        assert [p.grad.data_ptr() for p in graphed.parameters()] == gradients
     assert losses[-1] < 0.7 * losses[0]
     for a, b in zip(graphed.parameters(), plain.parameters()):
         assert (a - b).abs().max().item() < 1e-5
