@@ -1627,15 +1627,15 @@ class RunState:
     validation: list = field(default_factory=list)  # per evaluation: step, seconds, figures
 
     @classmethod
-    def new(cls, config, vocab, device="cpu", amp=None):
-        """A fresh run: the model initialised with config.seed, AdamW with Eq. (3), and
-        the gradient scaler (active only for float16 autocast)."""
+    def new(cls, config, vocab, device="cpu", amp=None, cuda_graphs=False):
+        """A fresh run: the model initialised with config.seed, AdamW with Eq. (3) (the
+        capturable one of the CUDA graphs page when asked), and the gradient scaler
+        (active only for float16 autocast)."""
         torch.manual_seed(config.seed)
         model = build_model(vocab, vocab, config.model).to(device)
         d_model, decay = config.model.d_model, config.weight_decay
-        optimizer, scheduler = make_optimizer(
-            model, d_model, config.lr_factor, config.warmup_steps, decay
-        )
+        make = make_capturable_optimizer if cuda_graphs else make_optimizer
+        optimizer, scheduler = make(model, d_model, config.lr_factor, config.warmup_steps, decay)
         scaler = torch.amp.GradScaler(torch.device(device).type, enabled=amp == torch.float16)
         return cls(model, optimizer, scheduler, scaler)
 
@@ -1654,6 +1654,7 @@ class RunSetup:
     rank: int = 0
     world: int = 1
     log: typing.Callable = print
+    cuda_graphs: bool = False  # steps replayed as CUDA graphs (the CUDA graphs page)
 
 
 def epoch_updates(corpus, config, epoch, world=1):
@@ -1743,16 +1744,19 @@ def differing_fields(saved, wanted, prefix=""):
     return found
 
 
-def checkpoint_to_resume(path, config, precision=None):
+def checkpoint_to_resume(path, config, precision=None, cuda_graphs=False):
     """The payload of out/checkpoint.pt, refused if written in another format, with another
-    recipe, or in another precision (a name in PRECISIONS; None: take the checkpoint's)."""
+    recipe, in another precision (a name in PRECISIONS; None: take the checkpoint's), or
+    with and without CUDA graphs (whose optimizer and schedule save other states)."""
     if not pathlib.Path(path).is_file():
         raise FileNotFoundError(f"no checkpoint at {path} to resume from; start without --resume")
     payload = read_checkpoint(path)
     saved = {"checkpoint format": payload.get("format", "<absent>"), **payload["config"]}
     saved["precision"] = payload.get("precision", "<absent>")
+    saved["cuda_graphs"] = payload.get("cuda_graphs", False)
     wanted = {"checkpoint format": CHECKPOINT_FORMAT, **config.identity()}
     wanted["precision"] = saved["precision"] if precision is None else precision
+    wanted["cuda_graphs"] = cuda_graphs
     differ = differing_fields(saved, wanted)
     if differ:
         hint = ""
@@ -1774,6 +1778,7 @@ def save_progress(state, setup):
             "format": CHECKPOINT_FORMAT,
             "config": config.identity(),
             "precision": PRECISIONS[setup.amp],
+            "cuda_graphs": setup.cuda_graphs,
             "tokenizer": setup.tokenizer.to_str(),
             "step": state.step,
             "validation": latest[0] if latest and latest[0]["step"] == state.step else None,
@@ -1796,7 +1801,8 @@ def save_progress(state, setup):
 
 def resume_or_start(setup, payload):
     """A fresh RunState, or the checkpointed one restored; each rank's own dropout stream."""
-    state = RunState.new(setup.config, setup.tokenizer.get_vocab_size(), setup.device, setup.amp)
+    vocab = setup.tokenizer.get_vocab_size()
+    state = RunState.new(setup.config, vocab, setup.device, setup.amp, setup.cuda_graphs)
     if payload is not None:
         for name in ("model", "optimizer", "scheduler", "scaler"):
             if payload[name]:  # a float32 or bfloat16 run's scaler saved nothing
@@ -1878,21 +1884,26 @@ def epoch_rows(updates, rank, device):
     return rows, [slice(end - len(indices), end) for end, indices in zip(ends, mine)]
 
 
-def train_epoch(state, setup, model, bar, multiple_of=1):
+def train_epoch(state, setup, model, bar, multiple_of=1, runner=None):
     """The rest of the current epoch, or up to max_steps. `model` is state.model, wrapped
-    in DistributedDataParallel under several processes and compiled when asked."""
+    in DistributedDataParallel under several processes and compiled when asked; runner: a
+    GraphedTrainStep that makes the updates instead of train_step (one process)."""
     config, pending, started = setup.config, [], time.perf_counter()
     every = [config.log_every, config.checkpoint_every] + [config.eval_every] * bool(setup.val)
     updates = epoch_updates(setup.corpus, config, state.epoch, setup.world)[state.position :]
     rows, cuts = epoch_rows(updates, setup.rank, setup.device)
     for group, cut in zip(updates, cuts):
         ntokens = sum(setup.corpus.target_tokens(indices) for indices in group)  # host lengths
-        batch = setup.corpus.batch(group[setup.rank], multiple_of=multiple_of, rows=rows[cut])
-        lr = state.optimizer.param_groups[0]["lr"]
-        losses = train_step(
-            model, batch, state.optimizer, state.scheduler, state.scaler, config.smoothing,
-            ntokens / setup.world, setup.amp,
-        )  # fmt: skip
+        if runner is None:
+            batch = setup.corpus.batch(group[setup.rank], multiple_of=multiple_of, rows=rows[cut])
+            lr = state.optimizer.param_groups[0]["lr"]
+            losses = train_step(
+                model, batch, state.optimizer, state.scheduler, state.scaler, config.smoothing,
+                ntokens / setup.world, setup.amp,
+            )  # fmt: skip
+        else:  # the rate in the optimizer is a device tensor: the host computes its own copy
+            lr = rate(state.step + 1, config.model.d_model, config.lr_factor, config.warmup_steps)
+            losses = runner(*bucketed_ids(setup.corpus, group[0], rows=rows[cut]), ntokens)
         pending.append((losses, lr, ntokens))
         state.step, state.position = state.step + 1, state.position + 1
         state.tokens_seen += ntokens
@@ -1923,12 +1934,15 @@ def train(
     progress=False,
     amp=None,
     compile=False,
+    cuda_graphs=False,
 ):
     """§5: train on (source, target) sentence pairs into out_dir; returns (model,
     tokenizer, history). With val_pairs, validates every config.eval_every steps. amp is
     one of AMP_CHOICES; resume=True continues out_dir/checkpoint.pt exactly. Under
     torchrun, each process trains on its share of every update (DistributedDataParallel)
-    and only rank 0 writes files and logs."""
+    and only rank 0 writes files and logs. compile: True, or the name of a torch.compile
+    backend; cuda_graphs: replay each step as a CUDA graph (one process; on a CPU the same
+    step runs eagerly)."""
     if str(out_dir).strip() in ("", "."):  # pathlib.Path("") is "." too
         raise ValueError(
             f"out_dir={str(out_dir)!r} is the working directory: pass a folder of the run's "
@@ -1940,10 +1954,18 @@ def train(
     measure = amp == "fastest" and torch.device(device).type == "cpu"
     amp = None if measure else autocast_dtype(amp, device)
     rank, world = distributed_rank_and_size()
+    if cuda_graphs and (compile or world > 1 or amp == torch.float16):
+        raise ValueError(
+            "cuda_graphs=True captures the step of one process, uncompiled, in float32 or "
+            "bfloat16: drop compile, run one process, and use amp='bf16' or 'off' (float16 "
+            "needs a gradient scaler, which reads the device at every step)"
+        )
     out = pathlib.Path(out_dir)
     with RunFolder(out, resume, owner=rank == 0), tf32_matmuls(device):
         precision = None if measure else PRECISIONS[amp]
-        payload = checkpoint_to_resume(out / "checkpoint.pt", config, precision) if resume else None
+        payload = None
+        if resume:
+            payload = checkpoint_to_resume(out / "checkpoint.pt", config, precision, cuda_graphs)
         tokenizer = tokenizer_for_run(config, train_pairs, out, tokenizer, payload, rank, world)
         corpus = EncodedCorpus.from_pairs(train_pairs, tokenizer)
         if measure:  # a resumed run keeps the precision it was measured to need
@@ -1955,7 +1977,13 @@ def train(
             val = EncodedCorpus.from_pairs(val_pairs, tokenizer), val_pairs[: config.bleu_sentences]
         corpus = corpus.to(device)
         setup = RunSetup(config, out, tokenizer, corpus, val, device, amp, rank, world, log)
-        state = resume_or_start(setup, payload)
+        setup.cuda_graphs = cuda_graphs
+        state = resume_or_start(setup, payload)  # before any capture: graphs keep addresses
+        runner = None
+        if cuda_graphs:
+            runner = GraphedTrainStep(
+                state.model, state.optimizer, state.scheduler, config.smoothing, amp
+            )
         model = torch.nn.parallel.DistributedDataParallel(state.model) if world > 1 else state.model
         if compile:  # True: PyTorch's default compiler; a string names another backend
             model = torch.compile(model, **({} if compile is True else {"backend": compile}))
@@ -1963,7 +1991,7 @@ def train(
             total=config.max_steps, initial=state.step, unit="step", disable=not progress or rank
         )
         while state.step < config.max_steps:
-            train_epoch(state, setup, model, bar, multiple_of=8 if compile else 1)
+            train_epoch(state, setup, model, bar, multiple_of=8 if compile else 1, runner=runner)
         bar.close()
     return state.model, tokenizer, state.history
 
@@ -2150,7 +2178,7 @@ class GraphedTrainStep:
     def causal(self, length):
         """subsequent_mask(length) on the device, made once per target length."""
         if length not in self.masks:
-            self.masks[length] = subsequent_mask(length).to(self.device)
+            self.masks[length] = subsequent_mask(length, self.device)
         return self.masks[length]
 
     def static(self, src, tgt):

@@ -61,6 +61,12 @@ def parse_args(argv=None):
     )
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="replay each step as a CUDA graph, one per batch shape (one GPU, float32 or bf16; "
+        "on a CPU the same step runs eagerly)",
+    )
+    parser.add_argument(
         "--no-validation", action="store_true", help="skip validation during training"
     )
     cli.add_device_flag(parser)
@@ -119,6 +125,7 @@ def main(argv=None):
                 progress=True,
                 amp=amp_from_args(args),
                 compile=args.compile,
+                cuda_graphs=args.cuda_graphs,
             )
         finally:
             if world > 1:

@@ -774,3 +774,28 @@ def test_native_bf16_on_this_cpu_follows_its_instruction_flags():
         if line.startswith("flags"):
             flags |= set(line.split(":", 1)[1].split())
     assert at.native_bf16("cpu") == bool({"avx512_bf16", "amx_tile"} & flags)
+
+
+def test_train_with_cuda_graphs_runs_its_step_eagerly_on_a_cpu_as_the_plain_loop(tmp_path):
+    # the same updates through the capturable step (bucketed batches with filler rows, fused
+    # AdamW, Eq. (3) on the device) as through train_step; dropout off, as padding would
+    # change which random numbers a row draws
+    config = dataclasses.replace(at.apply_changes(TINY, {"dropout": 0.0}), max_steps=6)
+    plain, _, plain_history = at.train(config, toy_pairs(), tmp_path / "plain", log=quiet)
+    graphed, _, graphed_history = at.train(
+        config, toy_pairs(), tmp_path / "graphed", log=quiet, cuda_graphs=True
+    )
+    for (name, a), b in zip(plain.state_dict().items(), graphed.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-5), name
+    for a, b in zip(plain_history, graphed_history):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+        assert a["lr"] == pytest.approx(b["lr"], rel=1e-12) and a["tokens"] == b["tokens"]
+    more = dataclasses.replace(config, max_steps=8)
+    with pytest.raises(ValueError, match="cuda_graphs: True -> False"):
+        at.train(more, toy_pairs(), tmp_path / "graphed", resume=True, log=quiet)
+    _, _, history = at.train(
+        more, toy_pairs(), tmp_path / "graphed", resume=True, log=quiet, cuda_graphs=True
+    )
+    assert [h["step"] for h in history] == list(range(1, 9))
+    with pytest.raises(ValueError, match="drop compile"):
+        at.train(config, toy_pairs(), tmp_path / "c", log=quiet, cuda_graphs=True, compile=True)
