@@ -1960,36 +1960,19 @@ def train(
     and only rank 0 writes files and logs. compile: True, or the name of a torch.compile
     backend; cuda_graphs: replay each step as a CUDA graph (one process; on a CPU the same
     step runs eagerly)."""
-    if str(out_dir).strip() in ("", "."):  # pathlib.Path("") is "." too
-        raise ValueError(
-            f"out_dir={str(out_dir)!r} is the working directory: pass a folder of the run's "
-            f"own, e.g. runs/quick"
-        )
-    if not train_pairs:
-        raise ValueError("train_pairs is empty: pass (source, target) sentence pairs")
     check_device(device)
     measure = amp == "fastest" and torch.device(device).type == "cpu"
     amp = None if measure else autocast_dtype(amp, device)
     rank, world = distributed_rank_and_size()
-    if cuda_graphs and (compile or world > 1 or amp == torch.float16):
-        raise ValueError(
-            "cuda_graphs=True captures the step of one process, uncompiled, in float32 or "
-            "bfloat16: drop compile, run one process, and use amp='bf16' or 'off' (float16 "
-            "needs a gradient scaler, which reads the device at every step)"
-        )
+    check_run(out_dir, train_pairs, cuda_graphs and (compile or world > 1 or amp is torch.float16))
     out = pathlib.Path(out_dir)
     with RunFolder(out, resume, owner=rank == 0), tf32_matmuls(device):
-        precision = None if measure else PRECISIONS[amp]
-        payload = None
-        if resume:
-            payload = checkpoint_to_resume(out / "checkpoint.pt", config, precision, cuda_graphs)
+        precision, path = None if measure else PRECISIONS[amp], out / "checkpoint.pt"
+        payload = checkpoint_to_resume(path, config, precision, cuda_graphs) if resume else None
         tokenizer = tokenizer_for_run(config, train_pairs, out, tokenizer, payload, rank, world)
         corpus = EncodedCorpus.from_pairs(train_pairs, tokenizer)
-        if measure:  # a resumed run keeps the precision it was measured to need
-            vocab = tokenizer.get_vocab_size()
-            amp = precision_of(payload) if payload else faster_precision(config, corpus, vocab)
-            how = "timed: the faster here" if native_bf16("cpu") else "bfloat16 is emulated here"
-            log(f"amp fastest: {PRECISIONS[amp]} ({'the checkpoint' if payload else how})")
+        if measure:
+            amp = fastest_precision(config, corpus, tokenizer.get_vocab_size(), payload, log)
         val = None
         if val_pairs:
             val = EncodedCorpus.from_pairs(val_pairs, tokenizer), val_pairs[: config.bleu_sentences]
@@ -1997,11 +1980,8 @@ def train(
         setup = RunSetup(config, out, tokenizer, corpus, val, device, amp, rank, world, log)
         setup.cuda_graphs = cuda_graphs
         state = resume_or_start(setup, payload)  # before any capture: graphs keep addresses
-        runner = None
-        if cuda_graphs:
-            runner = GraphedTrainStep(
-                state.model, state.optimizer, state.scheduler, config.smoothing, amp
-            )
+        step_parts = state.model, state.optimizer, state.scheduler, config.smoothing, amp
+        runner = GraphedTrainStep(*step_parts) if cuda_graphs else None
         model = torch.nn.parallel.DistributedDataParallel(state.model) if world > 1 else state.model
         if compile:  # True: PyTorch's default compiler; a string names another backend
             model = torch.compile(model, **({} if compile is True else {"backend": compile}))
@@ -2014,9 +1994,34 @@ def train(
     return state.model, tokenizer, state.history
 
 
-def precision_of(payload):
-    """The autocast dtype a checkpoint was trained in."""
-    return {name: dtype for dtype, name in PRECISIONS.items()}[payload["precision"]]
+def check_run(out_dir, train_pairs, graphs_refused):
+    """Refuse what train cannot do, before anything is written."""
+    if str(out_dir).strip() in ("", "."):  # pathlib.Path("") is "." too
+        raise ValueError(
+            f"out_dir={str(out_dir)!r} is the working directory: pass a folder of the run's "
+            f"own, e.g. runs/quick"
+        )
+    if not train_pairs:
+        raise ValueError("train_pairs is empty: pass (source, target) sentence pairs")
+    if graphs_refused:
+        raise ValueError(
+            "cuda_graphs=True captures the step of one process, uncompiled, in float32 or "
+            "bfloat16: drop compile, run one process, and use amp='bf16' or 'off' (float16 "
+            "needs a gradient scaler, which reads the device at every step)"
+        )
+
+
+def fastest_precision(config, corpus, vocab, payload, log):
+    """amp="fastest" on a CPU: the checkpoint's precision when resuming (a run keeps the
+    precision it was measured to need), else faster_precision's; logged with the reason."""
+    if payload:
+        names = {name: dtype for dtype, name in PRECISIONS.items()}
+        amp, how = names[payload["precision"]], "the checkpoint"
+    else:
+        amp = faster_precision(config, corpus, vocab)
+        how = "timed: the faster here" if native_bf16("cpu") else "bfloat16 is emulated here"
+    log(f"amp fastest: {PRECISIONS[amp]} ({how})")
+    return amp
 
 
 @contextlib.contextmanager
