@@ -1977,8 +1977,8 @@ def train(
         if val_pairs:
             val = EncodedCorpus.from_pairs(val_pairs, tokenizer), val_pairs[: config.bleu_sentences]
         corpus = corpus.to(device)
-        setup = RunSetup(config, out, tokenizer, corpus, val, device, amp, rank, world, log)
-        setup.cuda_graphs = cuda_graphs
+        setup = RunSetup(config, out, tokenizer, corpus, val, device, amp, rank, world, log,
+                         cuda_graphs)  # fmt: skip
         state = resume_or_start(setup, payload)  # before any capture: graphs keep addresses
         step_parts = state.model, state.optimizer, state.scheduler, config.smoothing, amp
         runner = GraphedTrainStep(*step_parts) if cuda_graphs else None
