@@ -75,6 +75,8 @@ class ProfileBench:
 CONFIGS = {
     "base": BenchConfig("base", at.BASE),
     "small": BenchConfig("small", at.SMALL),
+    # the base model at a training-sized batch: 250 pairs of 32 tokens, 8000 target tokens
+    "base-8k": BenchConfig("base-8k", at.BASE, batch=250, seq=32),
     "multi30k": ProfileBench("multi30k", "multi30k", "multi30k"),
     # every code path in seconds: for --quick and the tests, not for conclusions
     "tiny": BenchConfig(
@@ -211,20 +213,32 @@ def bf16_native(device):
     return at.native_bf16(device)
 
 
-def random_batch(bench, device, seed=0):
+def random_ids(bench, seed=0):
     """bench.batch pairs of random ids shaped like at.encode_pairs' output, no padding: a
     source of bench.seq tokens ending in </s>, a target <s> ... </s> of bench.seq + 1."""
     generator = torch.Generator().manual_seed(seed)
     src = torch.randint(4, bench.vocab, (bench.batch, bench.seq), generator=generator)
     tgt = torch.randint(4, bench.vocab, (bench.batch, bench.seq + 1), generator=generator)
     src[:, -1], tgt[:, 0], tgt[:, -1] = at.EOS_ID, at.BOS_ID, at.EOS_ID
-    return at.Batch.from_tensors(src, tgt, bench.batch * bench.seq).to(device)
+    return src, tgt
 
 
-def training_rows(bench, device, bf16):
-    """Rows that run one training step of each model on the same batch, label smoothing 0.1."""
+def random_batch(bench, device, seed=0):
+    """random_ids as a Batch on `device`."""
+    return at.Batch.from_tensors(*random_ids(bench, seed), bench.batch * bench.seq).to(device)
+
+
+def bench_flops(bench):
+    """Training FLOPs of one step on a BenchConfig's batch."""
+    return training_flops(bench.model, bench.vocab, bench.batch, bench.seq, bench.seq)
+
+
+def training_rows(bench, device, bf16, compile=False):
+    """Rows that run one training step of each model on the same batch, label smoothing 0.1;
+    on a GPU also the step as one CUDA graph and, with `compile`, both with our model
+    compiled by torch.compile (inductor: fused elementwise kernels)."""
     batch = random_batch(bench, device)
-    flops = training_flops(bench.model, bench.vocab, bench.batch, bench.seq, bench.seq)
+    flops = bench_flops(bench)
 
     def ours(fused):
         torch.manual_seed(0)  # the same initial weights for every copy of our model
@@ -250,7 +264,36 @@ def training_rows(bench, device, bf16):
     if bf16:
         label = "ours, fused attention, bf16 autocast"
         rows.append(row("train/ours-fused-bf16", label, ours(True), torch.bfloat16))
+    if device.type == "cuda":
+        amp = torch.bfloat16 if bf16 else None
+        rows.append(graphed_row(bench, ours(True), device, amp))
+    if device.type == "cuda" and compile:
+        key, precision = ("compiled-bf16", "bf16 autocast") if amp else ("compiled", "float32")
+        label = f"ours compiled, fused attention, {precision}"
+        rows.append(row(f"train/ours-{key}", label, torch.compile(ours(True)), amp))
+        rows.append(graphed_row(bench, torch.compile(ours(True)), device, amp))
     return rows
+
+
+def graphed_row(bench, model, device, amp=None, eager_steps=3):
+    """The same step replayed as one CUDA graph (at.GraphedTrainStep, the CUDA graphs page):
+    capturable fused AdamW, the learning rate on the device. Its warm-up steps and the
+    capture happen here, before any timing; on a CPU the step runs eagerly."""
+    src, tgt = (ids.to(device) for ids in random_ids(bench))  # random_batch's, kept whole
+    ntokens = bench.batch * bench.seq
+    model.to(device).train()
+    optimizer, schedule = at.make_capturable_optimizer(model, bench.model.d_model)
+    runner = at.GraphedTrainStep(model, optimizer, schedule, 0.1, amp, eager_steps)
+    for _ in range(eager_steps + 1):  # the eager warm-up, then the capture
+        runner(src, tgt, ntokens)
+
+    def work():
+        runner(src, tgt, ntokens)
+
+    compiled = "-compiled" if hasattr(model, "_orig_mod") else ""  # a torch.compile wrapper
+    key, precision = ("graphed-bf16", "bf16 autocast") if amp else ("graphed", "float32")
+    label = f"ours{compiled.replace('-', ' ')}, fused attention, {precision}, one CUDA graph"
+    return Row(f"train/ours{compiled}-{key}", label, work, ntokens, bench_flops(bench), 1)
 
 
 def stand_in_pairs(count=48, seed=0):
@@ -494,6 +537,18 @@ RATIOS = [
     ("train/ours-fused-bf16", "train/ours-fused", "training step: ours (fused), bf16 / float32"),
     ("train/torch-bf16", "train/torch", "training step: nn.Transformer, bf16 / float32"),
     ("train/ours-fused", "train/ours-reference", "training step: fused / reference attention"),
+    (
+        "train/ours-graphed-bf16",
+        "train/ours-fused-bf16",
+        "training step: CUDA graph / eager (bf16)",
+    ),
+    ("train/ours-graphed", "train/ours-fused", "training step: CUDA graph / eager"),
+    ("train/ours-compiled-bf16", "train/ours-fused-bf16", "training step: compiled / eager (bf16)"),
+    (
+        "train/ours-compiled-graphed-bf16",
+        "train/ours-fused-bf16",
+        "training step: compiled, CUDA graph / eager (bf16)",
+    ),
     ("decode/greedy-cache", "decode/greedy-nocache", "greedy: with cache / without"),
     ("decode/beam-cache", "decode/beam-nocache", "beam 4: with cache / without"),
     ("decode/beam-cache", "decode/greedy-nocache", "beam 4 with cache / greedy without"),
@@ -556,7 +611,7 @@ def run_config(bench, device, args, log):
         }
     else:
         groups = {
-            "training step": lambda: training_rows(bench, device, bf16),
+            "training step": lambda: training_rows(bench, device, bf16, args.compile),
             "decoding": lambda: decoding_rows(bench, device),
         }
         bf16_rows = ["train/ours-fused-bf16"]
@@ -595,6 +650,8 @@ def parse_args(argv=None):
     add("--warmup", type=int, default=1, help="untimed calls per row before the rounds")
     add("--min-seconds", type=cli.non_negative_float, default=0.2, help="min_run_time per round")
     add("--bf16", choices=["auto", "on", "off"], default="auto", help="the bf16 autocast row")
+    add("--compile", action="store_true",
+        help="GPU: also our model under torch.compile, eager and as a CUDA graph")  # fmt: skip
     add("--quick", action="store_true",
         help=f"smoke run: {' and '.join(QUICK)} unless --config is given, 2 rounds unless "
         "given, no minimum")  # fmt: skip
@@ -624,7 +681,8 @@ def main(argv=None, log=None):
     torch.set_num_threads(args.threads or threads)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     command = ["python code/benchmark.py", *(sys.argv[1:] if argv is None else argv)]
-    settings = {k: vars(args)[k] for k in ("device", "rounds", "warmup", "min_seconds", "bf16")}
+    names = "device", "rounds", "warmup", "min_seconds", "bf16", "compile"
+    settings = {k: vars(args)[k] for k in names}
     settings.update(decode_end_symbol=NEVER, tf32=torch.backends.cuda.matmul.allow_tf32)
     results = {
         "schema": SCHEMA,

@@ -212,6 +212,28 @@ def test_bf16_rows_train_on_a_cpu():
         assert row.flops == benchmark.training_flops(TINY.model, TINY.vocab, 4, 6, 6)
 
 
+def test_the_graphed_row_trains_the_model_it_is_given_on_the_benchmark_batch():
+    # on a CPU GraphedTrainStep runs its step eagerly: the row's code path, not a graph
+    torch.manual_seed(0)
+    model = at.build_model(TINY.vocab, TINY.vocab, TINY.model)
+    start = [p.detach().clone() for p in model.parameters()]
+    row = benchmark.graphed_row(TINY, model, torch.device("cpu"), eager_steps=1)
+    assert row.key == "train/ours-graphed" and row.updates == 1
+    assert row.tokens == TINY.batch * TINY.seq
+    assert row.flops == benchmark.training_flops(TINY.model, TINY.vocab, 4, 6, 6)
+    after_warmup = [p.detach().clone() for p in model.parameters()]
+    assert any(not torch.equal(a, b) for a, b in zip(start, after_warmup))  # 2 steps made
+    row.work()
+    assert any(not torch.equal(a, p) for a, p in zip(after_warmup, model.parameters()))
+    assert benchmark.graphed_row(TINY, model, torch.device("cpu"), torch.bfloat16).key == (
+        "train/ours-graphed-bf16"
+    )
+    compiled = torch.compile(model, backend="aot_eager")  # the wrapper names the row
+    assert benchmark.graphed_row(TINY, compiled, torch.device("cpu"), eager_steps=1).key == (
+        "train/ours-compiled-graphed"
+    )
+
+
 def test_spread_batches_takes_the_middle_batch_of_equal_slices_of_lengths():
     # max_tokens 1: every pair is a batch of its own (a longer pair still gets one), so the
     # epoch's batches by length are the pairs of lengths 1, 2, ..., 12; in 4 slices of 3
