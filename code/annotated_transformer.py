@@ -690,8 +690,9 @@ class EncodedCorpus:
 
 import dataclasses
 
-RUN_LENGTH_FIELDS = tuple(
-    "max_steps checkpoint_every keep_checkpoints eval_every bleu_sentences log_every".split()
+RUN_LENGTH_FIELDS = (
+    *"max_steps max_seconds checkpoint_every keep_checkpoints".split(),
+    *"eval_every bleu_sentences log_every".split(),
 )
 
 
@@ -710,6 +711,8 @@ class TrainConfig:
         smoothing: label smoothing epsilon_ls (§5.4: 0.1)
         seed: seeds the initial weights, the batch order and dropout
         max_steps: updates to train for (§5.2: 100000 for the base model)
+        max_seconds: a time budget (0: none): the run ends at the last checkpoint that its
+            pace so far puts within this many seconds of training
         checkpoint_every: save a checkpoint every this many steps
         keep_checkpoints: weight snapshots kept for averaging (§6.1 averages the last 5)
         eval_every: validation loss and BLEU every this many steps (given validation pairs)
@@ -726,6 +729,7 @@ class TrainConfig:
     smoothing: float = 0.1
     seed: int = 0
     max_steps: int = 1000
+    max_seconds: float = 0.0
     checkpoint_every: int = 500
     keep_checkpoints: int = 5
     eval_every: int = 500
@@ -745,6 +749,7 @@ class TrainConfig:
         rules["lr_factor"] = ("a positive finite number", lambda v: number(v) and 0 < v < math.inf)
         in_0_1 = ("in [0, 1)", lambda v: number(v) and 0 <= v < 1)
         rules["weight_decay"] = rules["smoothing"] = in_0_1
+        rules["max_seconds"] = ("a finite number >= 0", lambda v: number(v) and 0 <= v < math.inf)
         for name, (rule, holds) in rules.items():
             if not holds(getattr(self, name)):
                 raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
@@ -779,7 +784,8 @@ PROFILES = {
     ),
     # fifteen minutes on two CPU cores (chosen on val): multi30k's recipe with one layer less,
     # no dropout and half the batch; the reference attention is faster on a CPU for
-    # sentences this short. Snapshots every 100 steps, for averaging
+    # sentences this short. As many steps as fit in 885 s of training (a margin under 900 s
+    # for the pace to vary), ending at a snapshot; one every 100 steps, for averaging
     "fast": TrainConfig(
         model=replace(SMALL, N=2, h=8, d_ff=512, share_embeddings=True, dropout=0.0, fused=False),
         vocab_size=5000,
@@ -788,7 +794,8 @@ PROFILES = {
         lr_factor=0.33,
         weight_decay=0.1,
         smoothing=0.1,
-        max_steps=3000,
+        max_steps=6000,
+        max_seconds=885.0,
         checkpoint_every=100,
         keep_checkpoints=10,
         eval_every=500,
@@ -1872,10 +1879,11 @@ def record_losses(state, pending, world):
     pending.clear()
 
 
-def record_validate_save(state, setup, pending):
+def record_validate_save(state, setup, pending, done=False):
     """Every log_every steps: read the losses; every eval_every steps (with validation
-    data): validate; every checkpoint_every steps: save. The last step does all three."""
-    config, done = setup.config, state.step == setup.config.max_steps
+    data): validate; every checkpoint_every steps: save. The last step (`done`) does all
+    three."""
+    config = setup.config
     record_losses(state, pending, setup.world)
     if setup.val and setup.rank == 0 and (state.step % config.eval_every == 0 or done):
         figures = validate(state.model, *setup.val, setup.tokenizer)
@@ -1902,9 +1910,10 @@ def epoch_rows(updates, rank, device):
 
 
 def train_epoch(state, setup, model, bar, multiple_of=1, runner=None):
-    """The rest of the current epoch, or up to max_steps. `model` is state.model, wrapped
-    in DistributedDataParallel under several processes and compiled when asked; runner: a
-    GraphedTrainStep that makes the updates instead of train_step (one process)."""
+    """The rest of the current epoch, or up to the run's end: max_steps, or max_seconds.
+    `model` is state.model, wrapped in DistributedDataParallel under several processes and
+    compiled when asked; runner: a GraphedTrainStep that makes the updates instead of
+    train_step (one process). Returns whether the run has ended."""
     config, pending, started = setup.config, [], time.perf_counter()
     every = [config.log_every, config.checkpoint_every] + [config.eval_every] * bool(setup.val)
     updates = epoch_updates(setup.corpus, config, state.epoch, setup.world)[state.position :]
@@ -1928,15 +1937,32 @@ def train_epoch(state, setup, model, bar, multiple_of=1, runner=None):
         done = state.step == config.max_steps
         if done or any(state.step % n == 0 for n in every):
             state.seconds += time.perf_counter() - started
-            record_validate_save(state, setup, pending)
+            done = done or out_of_time(state, setup)
+            record_validate_save(state, setup, pending, done)
             bar.set_postfix(loss=f"{state.history[-1]['loss']:.3f}")
             started = time.perf_counter()  # validation and saving are not training time
         if done:
-            return
+            return True
     if pending:
         state.seconds += time.perf_counter() - started
         record_losses(state, pending, setup.world)
     state.epoch, state.position = state.epoch + 1, 0
+    return False
+
+
+def out_of_time(state, setup):
+    """At a checkpoint of a run with max_seconds: whether checkpoint_every more steps, at the
+    run's mean pace so far, would end past it. Under several processes rank 0's clock
+    decides for all, so that they stop together."""
+    config = setup.config
+    if not config.max_seconds or state.step % config.checkpoint_every:
+        return False
+    late = state.seconds * (1 + config.checkpoint_every / state.step) > config.max_seconds
+    if setup.world > 1:  # a checkpoint waits for the device anyway
+        flag = torch.tensor(float(late), device=setup.device)
+        torch.distributed.broadcast(flag, src=0)
+        late = bool(flag.item())
+    return late
 
 
 def train(
@@ -1988,8 +2014,9 @@ def train(
         bar = tqdm(
             total=config.max_steps, initial=state.step, unit="step", disable=not progress or rank
         )
-        while state.step < config.max_steps:
-            train_epoch(state, setup, model, bar, multiple_of=8 if compile else 1, runner=runner)
+        ended = state.step >= config.max_steps
+        while not ended:
+            ended = train_epoch(state, setup, model, bar, 8 if compile else 1, runner)
         bar.close()
     return state.model, tokenizer, state.history
 

@@ -207,6 +207,53 @@ def test_run_writes_checkpoint_tokenizer_and_metrics(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def test_a_time_budget_ends_the_run_at_the_last_checkpoint_its_pace_fits(tmp_path, monkeypatch):
+    clock = [0.0]  # a step takes one second; validating and saving take none
+    monkeypatch.setattr(at.time, "perf_counter", lambda: clock[0])
+    step = at.train_step
+
+    def one_second_step(*args, **kwargs):
+        clock[0] += 1.0
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(at, "train_step", one_second_step)
+    config = dataclasses.replace(TINY, max_steps=30, checkpoint_every=3, max_seconds=10.0)
+    _, _, history = at.train(config, toy_pairs(), tmp_path / "a", log=quiet)
+    # at step 3 (3 s) the next checkpoint comes at 6 s, at step 6 at 9 s, at step 9 at 12 s,
+    # past the 10 s budget: the run ends at step 9, its last snapshot
+    checkpoint = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
+    assert len(history) == 9 and checkpoint["step"] == 9 and checkpoint["seconds"] == 9.0
+    assert at.snapshot_paths(tmp_path / "a")[-1].name == "checkpoint-0000009.pt"
+    # a larger budget on resume continues the run: at step 12 the next would end at 15 s
+    longer = dataclasses.replace(config, max_seconds=14.0)
+    _, _, history = at.train(longer, toy_pairs(), tmp_path / "a", resume=True, log=quiet)
+    assert len(history) == 12
+    with pytest.raises(ValueError, match="max_seconds must be a finite number >= 0"):
+        dataclasses.replace(TINY, max_seconds=-1.0)
+
+
+def test_out_of_time_asks_at_checkpoints_whether_the_next_one_would_pass_the_budget(tmp_path):
+    from types import SimpleNamespace
+
+    def ask(step, seconds, max_seconds=10.0, world=1):
+        config = dataclasses.replace(TINY, checkpoint_every=3, max_seconds=max_seconds)
+        state = SimpleNamespace(step=step, seconds=seconds)
+        return at.out_of_time(state, SimpleNamespace(config=config, world=world, device="cpu"))
+
+    assert not ask(6, 6.0)  # next checkpoint at 6 * (1 + 3/6) = 9 s <= 10 s
+    assert ask(9, 9.0)  # 12 s > 10 s
+    assert ask(6, 7.0)  # 10.5 s > 10 s
+    assert not ask(8, 30.0)  # not a checkpoint: the run goes on to one
+    assert not ask(9, 9.0, max_seconds=0.0)  # no budget
+    # several processes: the decision travels from rank 0 (here a group of one, over gloo)
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        assert ask(9, 9.0, world=2) and not ask(6, 6.0, world=2)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 @pytest.mark.parametrize("profile", sorted(at.PROFILES))
 def test_every_profile_takes_two_steps_and_its_peak_learning_rate_is_moderate(profile, tmp_path):
     # the GPU-sized profiles too (base runs here only like this): two steps on toy data, a
