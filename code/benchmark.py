@@ -264,10 +264,11 @@ def training_rows(bench, device, bf16, compile=False):
     if bf16:
         label = "ours, fused attention, bf16 autocast"
         rows.append(row("train/ours-fused-bf16", label, ours(True), torch.bfloat16))
-    if device.type == "cuda":
-        amp = torch.bfloat16 if bf16 else None
-        rows.append(graphed_row(bench, ours(True), device, amp))
-    if device.type == "cuda" and compile:
+    if device.type != "cuda":
+        return rows
+    amp = torch.bfloat16 if bf16 else None
+    rows.append(graphed_row(bench, ours(True), device, amp))
+    if compile:
         key, precision = ("compiled-bf16", "bf16 autocast") if amp else ("compiled", "float32")
         label = f"ours compiled, fused attention, {precision}"
         rows.append(row(f"train/ours-{key}", label, torch.compile(ours(True)), amp))
