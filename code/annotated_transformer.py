@@ -1240,7 +1240,8 @@ def evaluate_bleu(model, tokenizer, pairs, beam_size=4, alpha=0.6, batch_size=64
     """Translate the sources of (source, reference) pairs and score them with sacreBLEU
     (Post, 2018): `bleu` on detokenized, cased text (the standard, with its
     signature), and `bleu_lowercase`, case-insensitive, closer to the lowercased tokenized
-    BLEU most Multi30k papers report."""
+    BLEU most Multi30k papers report. `length_ratio`: the hypotheses' length over the
+    references' (sacreBLEU's tokens), which sets BLEU's brevity penalty when below 1."""
     hypotheses = translate(model, tokenizer, [s for s, _ in pairs], beam_size, alpha, batch_size)
     references = [[t for _, t in pairs]]
     cased, lowercase = sacrebleu.BLEU(), sacrebleu.BLEU(lowercase=True)
@@ -1251,6 +1252,7 @@ def evaluate_bleu(model, tokenizer, pairs, beam_size=4, alpha=0.6, batch_size=64
         "signature": str(cased.get_signature()),
         "bleu_lowercase": round(lower.score, 2),
         "signature_lowercase": str(lowercase.get_signature()),
+        "length_ratio": round(score.sys_len / score.ref_len, 4),
         "hypotheses": hypotheses,
     }
 

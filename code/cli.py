@@ -65,6 +65,16 @@ positive_float = finite_number(inclusive=False, what="a positive finite number")
 non_negative_float = finite_number(inclusive=True, what="a finite number >= 0")
 
 
+def non_negative_floats(text):
+    """An argparse type for one or more finite numbers >= 0, separated by commas: a tuple."""
+    try:
+        return tuple(non_negative_float(part) for part in text.split(","))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"must be finite numbers >= 0 separated by commas (e.g. 0.6,0.8,1.0), got {text!r}"
+        ) from None
+
+
 def given_path(text):
     """An argparse type for a file or folder; an empty path (which would mean the working
     directory) is refused."""

@@ -3,6 +3,8 @@ average of the last checkpoints, sacreBLEU on Multi30k val and test2016.
 
     python code/evaluate.py --run runs/multi30k --out results/multi30k
     python code/evaluate.py --run runs/base --out results/base --device cuda
+    python code/evaluate.py --run runs/fast --out results/fast --average 10 \
+        --alpha 0.6,0.7,0.8,0.9,1.0,1.1,1.2,1.3,1.4,1.5
 
 Reads RUN/checkpoint-<step>.pt (the snapshots code/train.py keeps) and RUN/checkpoint.pt
 (the training time, the loss history, the validations), and never writes there; writes,
@@ -12,6 +14,9 @@ load_checkpoint reads back into float32),
 evaluation.json (the table, sacreBLEU's signature, sample translations, steps, training
 time, hardware) and metrics.json (the training loss, averaged over every 10 steps, and the
 validations made during training). Only val should guide choices; test2016 is reported.
+Given several length penalties (--alpha), it scores the averaged weights with beam 4 on val
+at each, keeps the best, and decodes every beam row at that one, as §6.1 chose its alpha
+"after experimentation on the development set".
 """
 
 import argparse
@@ -42,6 +47,14 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--limit", type=cli.positive_int, help="score only the first LIMIT sentences of a set"
+    )
+    parser.add_argument(
+        "--alpha",
+        dest="alphas",
+        type=cli.non_negative_floats,
+        default=(0.6,),
+        help="the length penalty of beam search (§6.1: 0.6), or several separated by commas: "
+        "the one whose averaged weights score best on val",
     )
     parser.add_argument(
         "--dtype",
@@ -90,7 +103,7 @@ def main(argv=None):
         snapshots, until = [path for path, _ in kept], kept[-1][1]
     cli.own_folder(args.out, args.run)
     with at.RunFolder(args.out, resume=True):
-        settings = ("average", "device", "batch_size", "limit", "dtype", "hardware")
+        settings = ("average", "alphas", "device", "batch_size", "limit", "dtype", "hardware")
         evaluate(args.run, args.out, snapshots, until=until, **{k: vars(args)[k] for k in settings})
     return 0
 
@@ -114,11 +127,75 @@ def snapshots_within(snapshots, seconds):
     return kept
 
 
+def choose_alpha(model, tokenizer, pairs, alphas, batch_size=64):
+    """The length penalty, of `alphas`, under which beam 4 scores best on `pairs` (val; the
+    first of equals), and every alpha's score and length ratio (hypotheses' length over
+    the references'): (alpha, [{"alpha", "sacreBLEU", "length ratio"}])."""
+    scores = []
+    for alpha in alphas:
+        figures = at.evaluate_bleu(model, tokenizer, pairs, 4, alpha, batch_size)
+        scores.append(
+            {"alpha": alpha, "sacreBLEU": figures["bleu"], "length ratio": figures["length_ratio"]}
+        )
+        print(
+            f"val       beam 4, alpha {alpha:<4g} averaged  {figures['bleu']:6.2f} "
+            f"(length ratio {figures['length_ratio']:.3f})",
+            flush=True,
+        )
+    best = max(scores, key=lambda score: score["sacreBLEU"])  # max keeps the first of equals
+    return best["alpha"], scores
+
+
+def score_table(weights, sets, alpha, device, batch_size):
+    """Greedy and beam 4 (length penalty `alpha`) for each (label, checkpoint path) of
+    `weights` on each split of `sets`: (rows of the table, sacreBLEU's signature, the
+    samples: the first 10 test2016 translations, beam 4, of the last of `weights`)."""
+    rows, samples, signature = [], [], None
+    for label, path in weights:
+        model, tokenizer = at.load_checkpoint(path, device)
+        for split, pairs in sets.items():
+            for beam_size in (1, 4):
+                scores = at.evaluate_bleu(model, tokenizer, pairs, beam_size, alpha, batch_size)
+                signature = scores["signature"]
+                decoding = at.decoding_label(beam_size, alpha)
+                rows.append(
+                    {
+                        "set": split,
+                        "decoding": decoding,
+                        "weights": label,
+                        "sacreBLEU": scores["bleu"],
+                        "lowercased BLEU": scores["bleu_lowercase"],
+                    }
+                )
+                print(f"{split:9} {decoding:18} {label:18} {scores['bleu']:6.2f}", flush=True)
+                if split == "test2016" and beam_size == 4:
+                    samples = [
+                        {"source": s, "reference": t, "hypothesis": h}
+                        for (s, t), h in zip(pairs[:10], scores["hypotheses"])
+                    ]
+    return rows, signature, samples
+
+
+def run_state(run, until):
+    """The run's checkpoint.pt state and its training seconds; with `until` (the validation
+    figures of a snapshot), the run as it stood at that snapshot."""
+    state = at.read_checkpoint(pathlib.Path(run) / "checkpoint.pt")
+    if until is None:
+        return state, state["seconds"]  # training time, summed over resumes
+    return {
+        **state,
+        "step": until["step"],
+        "history": [h for h in state["history"] if h["step"] <= until["step"]],
+        "validations": [v for v in state.get("validations", []) if v["step"] <= until["step"]],
+    }, until["seconds"]
+
+
 def evaluate(
     run,
     out,
     snapshots,
     average=5,
+    alphas=(0.6,),
     device="cpu",
     batch_size=64,
     limit=None,
@@ -128,7 +205,8 @@ def evaluate(
 ):
     """Score the training run in folder `run` into folder `out`: greedy and beam 4 on the
     last of `snapshots` and on the average of the last `average` (stored as out/averaged.pt
-    in `dtype`), on the first `limit` sentences (all when None) of val and test2016.
+    in `dtype`), on the first `limit` sentences (all when None) of val and test2016; beam 4
+    with the one of `alphas` that scores best on val with the averaged weights.
     `until`, the validation figures of a snapshot, describes the run as it stood then.
     Writes out/evaluation.json and out/metrics.json."""
     run, out = pathlib.Path(run), pathlib.Path(out)
@@ -141,39 +219,13 @@ def evaluate(
     at.save_checkpoint(averaged_path, averaged)
     label = f"average of last {len(averaged['averaged_steps'])}"
     sets = {split: at.load_multi30k(split)[:limit] for split in ("val", "test2016")}
-    rows, samples, signature = [], [], None
-    for weights, path in (("last", snapshots[-1]), (label, averaged_path)):
-        model, tokenizer = at.load_checkpoint(path, device)
-        for split, pairs in sets.items():
-            for beam_size in (1, 4):
-                scores = at.evaluate_bleu(model, tokenizer, pairs, beam_size, 0.6, batch_size)
-                signature = scores["signature"]
-                decoding = at.decoding_label(beam_size, 0.6)
-                rows.append(
-                    {
-                        "set": split,
-                        "decoding": decoding,
-                        "weights": weights,
-                        "sacreBLEU": scores["bleu"],
-                        "lowercased BLEU": scores["bleu_lowercase"],
-                    }
-                )
-                print(f"{split:9} {decoding:18} {weights:18} {scores['bleu']:6.2f}", flush=True)
-                if split == "test2016" and beam_size == 4 and path == averaged_path:
-                    samples = [
-                        {"source": s, "reference": t, "hypothesis": h}
-                        for (s, t), h in zip(pairs[:10], scores["hypotheses"])
-                    ]
-    state = at.read_checkpoint(run / "checkpoint.pt")
-    seconds = state["seconds"]  # training time, summed over resumes
-    if until is not None:  # the run as it stood at its last snapshot within the hours
-        seconds = until["seconds"]
-        state = {
-            **state,
-            "step": until["step"],
-            "history": [h for h in state["history"] if h["step"] <= until["step"]],
-            "validations": [v for v in state.get("validations", []) if v["step"] <= until["step"]],
-        }
+    alpha, alpha_on_val = alphas[0], None
+    if len(alphas) > 1:  # test2016 is only ever decoded at the alpha val chose
+        model, tokenizer = at.load_checkpoint(averaged_path, device)
+        alpha, alpha_on_val = choose_alpha(model, tokenizer, sets["val"], alphas, batch_size)
+    weights = (("last", snapshots[-1]), (label, averaged_path))
+    rows, signature, samples = score_table(weights, sets, alpha, device, batch_size)
+    state, seconds = run_state(run, until)
     evaluation = {
         "run": str(run),
         "config": state["config"],
@@ -184,6 +236,8 @@ def evaluate(
         "hardware": hardware or at.hardware_description(device),
         "signature": signature,
         "sentences": {split: len(pairs) for split, pairs in sets.items()},
+        "alpha": alpha,
+        **({"alpha_on_val": alpha_on_val} if alpha_on_val else {}),
         "results": rows,
         "samples": samples,
     }

@@ -518,6 +518,11 @@ def test_evaluate_bleu_scores_with_sacrebleu(tiny_run, monkeypatch):
     assert scores["bleu"] == 100.0 and scores["bleu_lowercase"] == 100.0
     assert scores["signature"].startswith("nrefs:1|case:mixed|")
     assert "case:lc" in scores["signature_lowercase"]
+    assert scores["length_ratio"] == 1.0
+    # one word short of the references' 7 + 5 tokens (13a splits off the full stops)
+    shorter = ["A dog runs in the park.", "Two men cooking."]
+    monkeypatch.setattr(at, "translate", lambda *args, **kwargs: shorter)
+    assert at.evaluate_bleu(model, tokenizer, pairs)["length_ratio"] == round(11 / 12, 4)
     lowercase_first = ["a dog runs in the park.", "Two men are cooking."]
     monkeypatch.setattr(at, "translate", lambda *args, **kwargs: lowercase_first)
     scores = at.evaluate_bleu(model, tokenizer, pairs)

@@ -57,6 +57,7 @@ def test_evaluate_command_line_writes_the_table(tiny_run, tmp_path, short_output
     assert evaluation["train_seconds"] == round(seconds, 1)
     assert len(evaluation["results"]) == 8  # 2 weights x 2 sets x 2 decodings
     assert {r["decoding"] for r in evaluation["results"]} == {"greedy", "beam 4, alpha 0.6"}
+    assert evaluation["alpha"] == 0.6 and "alpha_on_val" not in evaluation  # nothing chosen
     assert len(evaluation["samples"]) == 8
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["history"][0]["step"] == 6  # one window of 10 steps, ending at step 6
@@ -85,6 +86,67 @@ def test_evaluate_takes_its_settings_as_parameters(tiny_run, tmp_path, short_out
     stored = at.read_checkpoint(tmp_path / "averaged.pt")["model"]
     last = at.read_checkpoint(snapshots[-1])["model"]
     assert all(torch.equal(stored[name], last[name]) for name in last)  # float32: unchanged
+
+
+@pytest.mark.parametrize("value", ["", "0.6,", "-1", "0.6,x", "inf", "nan"])
+def test_evaluate_refuses_alphas_that_are_not_finite_numbers_at_least_zero(value, capsys):
+    with pytest.raises(SystemExit) as stop:
+        evaluate.parse_args(["--run", "r", "--out", "o", "--alpha", value])
+    assert stop.value.code == 2
+    assert "--alpha: must be finite numbers >= 0 separated by commas" in capsys.readouterr().err
+
+
+def test_evaluate_reads_one_alpha_or_several():
+    assert evaluate.parse_args(["--run", "r", "--out", "o"]).alphas == (0.6,)  # §6.1's
+    assert evaluate.parse_args(["--run", "r", "--out", "o", "--alpha", "1,0.5"]).alphas == (
+        1.0,
+        0.5,
+    )
+
+
+def test_evaluate_decodes_test_only_at_the_alpha_that_val_chose(
+    tiny_run, tmp_path, short_outputs, monkeypatch
+):
+    # scores made up by alpha, and a record of every decoding asked for: val prefers 0.9 over
+    # 0.6 and 1.2; test2016 would prefer 1.2, and must never be decoded at it
+    calls, real = [], at.evaluate_bleu
+    made_up = {0.6: 30.0, 0.9: 31.5, 1.2: 31.0}
+
+    def recorded(model, tokenizer, pairs, beam_size=4, alpha=0.6, batch_size=64):
+        split = "val" if pairs == val_pairs else "test2016"
+        calls.append((split, beam_size, alpha))
+        scores = real(model, tokenizer, pairs, beam_size, alpha, batch_size)
+        return {
+            **scores,
+            "bleu": made_up[alpha] + (5 if split == "test2016" and alpha == 1.2 else 0),
+            "length_ratio": alpha / 2,
+        }
+
+    val_pairs = at.load_multi30k("val")
+    monkeypatch.setattr(at, "evaluate_bleu", recorded)
+    flags = ["--average", "2", "--alpha", "0.6,1.2,0.9"]
+    assert evaluate.main(["--run", str(tiny_run), "--out", str(tmp_path), *flags]) == 0
+    evaluation = json.loads((tmp_path / "evaluation.json").read_text())
+    assert evaluation["alpha"] == 0.9
+    assert evaluation["alpha_on_val"] == [
+        {"alpha": 0.6, "sacreBLEU": 30.0, "length ratio": 0.3},
+        {"alpha": 1.2, "sacreBLEU": 31.0, "length ratio": 0.6},
+        {"alpha": 0.9, "sacreBLEU": 31.5, "length ratio": 0.45},
+    ]
+    # the search: beam 4 on val only, once per alpha; then the table at 0.9 alone
+    assert calls[:3] == [("val", 4, 0.6), ("val", 4, 1.2), ("val", 4, 0.9)]
+    assert {alpha for _, beam, alpha in calls[3:] if beam == 4} == {0.9}
+    assert ("test2016", 4, 1.2) not in calls and ("test2016", 4, 0.6) not in calls
+    assert {r["decoding"] for r in evaluation["results"]} == {"greedy", "beam 4, alpha 0.9"}
+
+
+def test_evaluate_keeps_the_first_of_equal_alphas(tiny_run, tmp_path, short_outputs, monkeypatch):
+    real = at.evaluate_bleu
+    monkeypatch.setattr(
+        at, "evaluate_bleu", lambda *args: {**real(*args), "bleu": 20.0}
+    )  # every alpha ties
+    evaluate.evaluate(tiny_run, tmp_path, at.snapshot_paths(tiny_run), alphas=(1.0, 0.6))
+    assert json.loads((tmp_path / "evaluation.json").read_text())["alpha"] == 1.0
 
 
 def test_evaluate_within_hours_scores_the_run_as_it_stood_then(tmp_path, short_outputs):
