@@ -416,3 +416,18 @@ def head_statistics(values, title, reference=None, reference_label="uniform", wi
     fig.suptitle(textwrap.fill(title, 90), fontsize=10)
     fig.tight_layout()
     return fig
+
+
+# Figures of chapters 1, 2 and 4 ---------------------------------------------------------
+
+
+# Figures of chapters 3.1 to 3.2.3 -------------------------------------------------------
+
+
+# Figures of chapters 3.3 to 3.6 ---------------------------------------------------------
+
+
+# Figures of chapters 6.2 and 7 ----------------------------------------------------------
+
+
+# Figures of chapters 5 and 6.1 ----------------------------------------------------------
