@@ -579,16 +579,12 @@ class Batch:
     tgt_y: torch.Tensor  # (batch, seq_tgt): y_1 ... y_m </s>
     src_mask: torch.Tensor  # (batch, 1, seq_src)
     tgt_mask: torch.Tensor  # (batch, seq_tgt, seq_tgt)
-    ntokens: int | torch.Tensor
+    ntokens: int
 
     @classmethod
-    def from_tensors(cls, src, tgt, ntokens=None, pad_id=PAD_ID):
-        """A Batch from padded source and target ids (target with <s> and </s>). ntokens:
-        the caller's count of real target tokens, else counted on the device, where it stays
-        (an int() here would make the host wait for the device)."""
+    def from_tensors(cls, src, tgt, ntokens, pad_id=PAD_ID):
+        """A Batch from padded source and target ids (the target with <s> and </s>)."""
         tgt_in, tgt_y = tgt[:, :-1], tgt[:, 1:]
-        if ntokens is None:
-            ntokens = (tgt_y != pad_id).sum()
         masks = padding_mask(src, pad_id), target_mask(tgt_in, pad_id)
         return cls(src, tgt_in, tgt_y, *masks, ntokens)
 
@@ -597,13 +593,6 @@ class Batch:
         """Pad a non-empty list of (source ids, target ids) into one Batch."""
         src, tgt = (pad_ids([pair[side] for pair in pairs], pad_id) for side in (0, 1))
         return cls.from_tensors(src, tgt, sum(len(t) - 1 for _, t in pairs), pad_id)
-
-    def to(self, device):
-        tensors = (self.src, self.tgt_in, self.tgt_y, self.src_mask, self.tgt_mask)
-        ntokens = self.ntokens
-        if isinstance(ntokens, torch.Tensor):
-            ntokens = ntokens.to(device)
-        return Batch(*(t.to(device) for t in tensors), ntokens)
 
 
 def batch_by_tokens(lengths, max_tokens, seed=0, shuffle=True):
@@ -658,48 +647,23 @@ class EncodedCorpus:
         return len(self.lengths)
 
     def target_tokens(self, indices):
-        """Real target tokens of these pairs (what the loss is averaged over), on the host."""
+        """Real target tokens of these pairs: what the loss is averaged over."""
         return sum(self.lengths[i][1] - 1 for i in indices)
 
-    def to(self, device):
-        """This corpus with its two tables on `device`; the lengths stay on the host, which
-        needs them to know each batch's shape. Batches are then cut where the model is."""
-        moved = copy.copy(self)
-        moved.src, moved.tgt = self.src.to(device), self.tgt.to(device)
-        return moved
-
-    def batch(self, indices, device=None, multiple_of=1, rows=None):
-        """The Batch of these pairs, cut to their longest source and target (rounded up to a
-        multiple of `multiple_of`, which limits the shapes torch.compile sees), on `device`
-        (default: the tables' device). rows: the same indices, already a tensor on the
-        tables' device; given, the batch is cut without a copy from the host."""
-        device = self.src.device if device is None else torch.device(device)
-        if rows is None:
-            rows = torch.tensor(indices, device=self.src.device)
-        sides = []
-        for side, table in enumerate((self.src, self.tgt)):
-            longest = max(self.lengths[i][side] for i in indices) - side  # tgt: minus <s>/</s>
-            longest = -(-longest // multiple_of) * multiple_of + side
-            cut = table.narrow(1, 0, min(longest, table.size(1)))[rows]
-            cut = F.pad(cut, (0, longest - cut.size(1)), value=self.pad_id)
-            if cut.device.type == "cpu" and device.type == "cuda":
-                cut = cut.pin_memory()  # the copy below then need not block
-            sides.append(cut.to(device, non_blocking=True))
-        return Batch.from_tensors(*sides, self.target_tokens(indices), self.pad_id)
+    def batch(self, indices):
+        """The Batch of these pairs, cut from the tables to their longest source and target."""
+        rows = torch.tensor(indices, device=self.src.device)
+        src_len, tgt_len = (max(self.lengths[i][side] for i in indices) for side in (0, 1))
+        src, tgt = self.src[rows, :src_len], self.tgt[rows, :tgt_len]
+        return Batch.from_tensors(src, tgt, self.target_tokens(indices), self.pad_id)
 
 
 import dataclasses
 
-RUN_LENGTH_FIELDS = (
-    *"max_steps max_seconds checkpoint_every keep_checkpoints".split(),
-    *"eval_every bleu_sentences log_every".split(),
-)
-
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """A training run besides its data: the architecture and the recipe of §5. The fields in
-    RUN_LENGTH_FIELDS may change when a run is resumed; every other field must match.
+    """The recipe of §5 for one training run: the architecture and how it is trained.
 
     Attributes:
         model: the architecture (a ModelConfig, chapter 3.6)
@@ -711,13 +675,6 @@ class TrainConfig:
         smoothing: label smoothing epsilon_ls (§5.4: 0.1)
         seed: seeds the initial weights, the batch order and dropout
         max_steps: updates to train for (§5.2: 100000 for the base model)
-        max_seconds: a time budget (0: none): the run ends at the last checkpoint that its
-            pace so far puts within this many seconds of training
-        checkpoint_every: save a checkpoint every this many steps
-        keep_checkpoints: weight snapshots kept for averaging (§6.1 averages the last 5)
-        eval_every: validation loss and BLEU every this many steps (given validation pairs)
-        bleu_sentences: how many validation pairs (the first ones) are translated for BLEU
-        log_every: read the loss from the device and log it every this many steps
     """
 
     model: ModelConfig = replace(SMALL, share_embeddings=True)
@@ -729,18 +686,12 @@ class TrainConfig:
     smoothing: float = 0.1
     seed: int = 0
     max_steps: int = 1000
-    max_seconds: float = 0.0
-    checkpoint_every: int = 500
-    keep_checkpoints: int = 5
-    eval_every: int = 500
-    bleu_sentences: int = 200
-    log_every: int = 10
 
     def __post_init__(self):
         def number(v):
             return isinstance(v, int | float) and not isinstance(v, bool)
 
-        rules = {
+        rules = {  # every integer field, a subclass's too, is a count
             f.name: ("a positive integer", lambda v: type(v) is int and v > 0)
             for f in dataclasses.fields(self)
             if f.type is int
@@ -749,95 +700,9 @@ class TrainConfig:
         rules["lr_factor"] = ("a positive finite number", lambda v: number(v) and 0 < v < math.inf)
         in_0_1 = ("in [0, 1)", lambda v: number(v) and 0 <= v < 1)
         rules["weight_decay"] = rules["smoothing"] = in_0_1
-        rules["max_seconds"] = ("a finite number >= 0", lambda v: number(v) and 0 <= v < math.inf)
         for name, (rule, holds) in rules.items():
             if not holds(getattr(self, name)):
                 raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
-
-    def identity(self):
-        """The fields a checkpoint must agree on to be resumed."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if k not in RUN_LENGTH_FIELDS}
-
-
-MULTI30K_STEPS = 8000  # updates of the multi30k recipe's full run
-PROFILES = {
-    "tiny": TrainConfig(
-        model=ModelConfig(N=1, d_model=32, d_ff=64, h=2, share_embeddings=True),
-        vocab_size=200,
-        max_tokens=200,
-        warmup_steps=10,
-        max_steps=6,
-        checkpoint_every=3,
-    ),
-    "quick": TrainConfig(warmup_steps=200, max_steps=300, checkpoint_every=100, eval_every=100),
-    "multi30k": TrainConfig(
-        model=replace(SMALL, N=3, h=8, d_ff=512, share_embeddings=True),
-        vocab_size=5000,
-        warmup_steps=400,
-        lr_factor=0.33,
-        weight_decay=0.1,
-        smoothing=0.2,
-        max_steps=MULTI30K_STEPS,
-        checkpoint_every=250,
-        eval_every=250,
-        bleu_sentences=500,
-    ),
-    # fifteen minutes on two CPU cores (chosen on val): multi30k's recipe with one layer less,
-    # no dropout and half the batch; the reference attention is faster on a CPU for
-    # sentences this short. As many steps as fit in 885 s of training (a margin under 900 s
-    # for the pace to vary), ending at a snapshot; one every 100 steps, for averaging
-    "fast": TrainConfig(
-        model=replace(SMALL, N=2, h=8, d_ff=512, share_embeddings=True, dropout=0.0, fused=False),
-        vocab_size=5000,
-        max_tokens=1000,
-        warmup_steps=400,
-        lr_factor=0.33,
-        weight_decay=0.1,
-        smoothing=0.1,
-        max_steps=6000,
-        max_seconds=885.0,
-        checkpoint_every=100,
-        keep_checkpoints=10,
-        eval_every=500,
-        bleu_sentences=500,
-    ),
-    # the base architecture on one GPU: batches 4x multi30k's and a quarter of its steps,
-    # but all of its 400 warm-up steps, which a 6-layer post-LN stack needs (§5.3)
-    "base": TrainConfig(
-        model=replace(BASE, share_embeddings=True),
-        vocab_size=5000,
-        max_tokens=8000,
-        warmup_steps=400,
-        lr_factor=0.23,
-        weight_decay=0.1,
-        smoothing=0.2,
-        max_steps=MULTI30K_STEPS // 4,
-        checkpoint_every=100,
-        eval_every=100,
-        bleu_sentences=500,
-    ),
-}
-
-
-def apply_changes(config, changes):
-    """`config` (a TrainConfig) with some fields changed: {name: value}, where a name is a
-    TrainConfig field or a ModelConfig field (bare, "dropout", or "model.dropout")."""
-    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    train_fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"model"}
-    model_changes, train_changes = {}, {}
-    for name, value in changes.items():
-        bare = name.removeprefix("model.")
-        if bare in model_fields and bare not in train_fields:
-            model_changes[bare] = value
-        elif name in train_fields:
-            train_changes[name] = value
-        else:
-            raise ValueError(
-                f"unknown field {name!r}: a change names a TrainConfig field "
-                f"({', '.join(sorted(train_fields))}) or a ModelConfig field "
-                f"({', '.join(sorted(model_fields))})"
-            )
-    return replace(config, model=replace(config.model, **model_changes), **train_changes)
 
 
 def rate(step, model_size, factor=1.0, warmup=4000):
@@ -895,20 +760,10 @@ def label_smoothed_loss(logits, target, smoothing, pad_id=PAD_ID):
     )
 
 
-import contextlib
-
-
-def unwrap(model):
-    """The EncoderDecoder inside a DistributedDataParallel or torch.compile wrapper."""
-    while hasattr(model, "module") or hasattr(model, "_orig_mod"):
-        model = model.module if hasattr(model, "module") else model._orig_mod
-    return model
-
-
 def forward_loss(model, batch, smoothing):
     """(label-smoothed loss, negative log-likelihood), each summed over real target tokens."""
     states = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
-    logits = unwrap(model).generator.projection(states)
+    logits = model.generator.projection(states)
     loss = label_smoothed_loss(logits, batch.tgt_y, smoothing)
     if smoothing == 0:
         return loss, loss.detach()
@@ -916,21 +771,14 @@ def forward_loss(model, batch, smoothing):
         return loss, label_smoothed_loss(logits, batch.tgt_y, 0.0)
 
 
-def train_step(model, batch, optimizer, scheduler, scaler, smoothing, ntokens=None, amp=None):
-    """One update (§5.3): the loss averaged over `ntokens` target tokens (the batch's own by
-    default), backward, the optimizer's and the schedule's step. amp: an autocast dtype or
-    None; scaler: a torch.amp.GradScaler (disabled unless amp is float16). Returns
-    [loss, nll] summed over the batch, on the device."""
-    precision = torch.autocast(batch.src.device.type, amp) if amp else contextlib.nullcontext()
-    with precision:
-        loss, nll = forward_loss(model, batch, smoothing)
-    scaler.scale(loss / (ntokens or batch.ntokens)).backward()
-    scale = scaler.get_scale() if scaler.is_enabled() else None
-    scaler.step(optimizer)  # float16: skipped when a gradient overflowed,
-    scaler.update()  # and then the scale is lowered
+def train_step(model, batch, optimizer, scheduler, smoothing):
+    """One update (§5.3): the loss averaged over the batch's real target tokens, backward,
+    Adam's step and the schedule's. Returns [loss, nll] summed over the batch."""
+    loss, nll = forward_loss(model, batch, smoothing)
+    (loss / batch.ntokens).backward()
+    optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    if scale is None or scaler.get_scale() >= scale:  # Eq. (3) counts the updates made
-        scheduler.step()
+    scheduler.step()
     return torch.stack([loss.detach(), nll])
 
 
@@ -943,17 +791,28 @@ def fit(config, corpus, vocab):
     optimizer, scheduler = make_optimizer(
         model, d_model, config.lr_factor, config.warmup_steps, decay
     )
-    scaler = torch.amp.GradScaler("cpu", enabled=False)  # float32: nothing to scale
     losses, epoch = [], 0
     while len(losses) < config.max_steps:
         for indices in batch_by_tokens(corpus.lengths, config.max_tokens, config.seed + epoch):
             batch = corpus.batch(indices)
-            sums = train_step(model, batch, optimizer, scheduler, scaler, config.smoothing)
+            sums = train_step(model, batch, optimizer, scheduler, config.smoothing)
             losses.append(sums[0].item() / batch.ntokens)
             if len(losses) == config.max_steps:
                 break
         epoch += 1
     return model, losses
+
+
+@torch.no_grad()
+def validation_loss(model, corpus, max_tokens=4000):
+    """Cross-entropy per real target token, without smoothing, over an EncodedCorpus whose
+    tables are where the model is; math.exp of it is the perplexity. The mode is restored."""
+    training, total = model.training, 0.0
+    model.eval()
+    for indices in batch_by_tokens(corpus.lengths, max_tokens, shuffle=False):
+        total += forward_loss(model, corpus.batch(indices), 0.0)[1]
+    model.train(training)
+    return float(total) / corpus.target_tokens(range(len(corpus)))
 
 
 def copy_task_pairs(n, vocab, length, generator):
@@ -981,49 +840,28 @@ def output_limits(src_mask, max_len=None):
     return torch.full((src_mask.size(0),), positive_int("max_len", max_len), device=src_mask.device)
 
 
-class PrefixDecoder:
-    """Decoding with the decoder of chapter 3: the whole prefix ys (rows, t) again at every
-    step; rows may be k per sentence (beam search's hypotheses). next_log_probs -> (rows,
-    vocab). KeyValueCache, the fast path (Fast decoding page), answers the same calls."""
-
-    def __init__(self, model, memory, src_mask):
-        self.model, self.memory, self.src_mask = model, memory, src_mask
-
-    def next_log_probs(self, ys):
-        group = ys.size(0) // self.memory.size(0)  # hypotheses per sentence
-        memory, src_mask = (x.repeat_interleave(group, 0) for x in (self.memory, self.src_mask))
-        out = self.model.decode(memory, src_mask, ys, subsequent_mask(ys.size(1), ys.device))
-        return self.model.generator(out[:, -1])
-
-    def slots(self, kept, parent, k):
-        """Rows for beam search's kept candidates: rank order (this decoder keeps no rows)."""
-        return torch.where(kept, kept.cumsum(-1) - 1, k)
-
-    def follow(self, rows, moved):
-        """Nothing to move: ys holds the prefixes, and every step reads them again."""
-
-
-def start_decoding(model, src, src_mask, cache):
-    """Encode the source once; return the decoder of each step, cached or plain."""
-    decoder = KeyValueCache if cache else PrefixDecoder
-    return decoder(model, model.encode(src, src_mask), src_mask)
+def next_log_probs(model, memory, src_mask, ys):
+    """log P(next token | source, prefix) for each prefix of ys (rows, t): the decoder of
+    chapter 3 on the whole prefix. memory and src_mask hold one row, or one row per prefix."""
+    rows = ys.size(0)
+    memory, src_mask = memory.expand(rows, -1, -1), src_mask.expand(rows, -1, -1)
+    out = model.decode(memory, src_mask, ys, subsequent_mask(ys.size(1), ys.device))
+    return model.generator(out[:, -1])
 
 
 @torch.no_grad()  # decoding picks tokens: nothing to differentiate
-def greedy_decode(
-    model, src, src_mask, max_len=None, start_symbol=BOS_ID, end_symbol=EOS_ID, cache=True
-):
+def greedy_decode(model, src, src_mask, max_len=None, start_symbol=BOS_ID, end_symbol=EOS_ID):
     """Auto-regressive decoding (§3): append the most probable next token, one position at a
     time, until every sentence has produced end_symbol or its length limit (output_limits).
     src (batch, seq), src_mask (batch, 1, seq) -> (batch, 1 + produced) ids that start with
-    start_symbol; after a sentence ends, its row is padded with PAD_ID. cache=False runs the
-    plain PrefixDecoder; cache=True the KeyValueCache of the Fast decoding page."""
+    start_symbol; after a sentence ends, its row is padded with PAD_ID."""
     limits = output_limits(src_mask, max_len)
-    decoder = start_decoding(model, src, src_mask, cache)
+    memory = model.encode(src, src_mask)
     ys = torch.full((src.size(0), 1), start_symbol, dtype=torch.long, device=src.device)
     done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
     for t in range(int(limits.max())):
-        next_token = decoder.next_log_probs(ys).argmax(dim=-1).masked_fill(done, PAD_ID)
+        next_token = next_log_probs(model, memory, src_mask, ys).argmax(dim=-1)
+        next_token = next_token.masked_fill(done, PAD_ID)
         ys = torch.cat([ys, next_token.unsqueeze(1)], dim=1)
         done |= (next_token == end_symbol) | (t + 1 >= limits)
         if done.all():
@@ -1037,108 +875,79 @@ def length_penalty(length, alpha):
     return ((5 + length) / 6) ** alpha
 
 
-def best_extensions(scores, log_probs, k):
-    """The 2k best one-token extensions of each sentence's hypotheses (scores (batch, rows),
-    log P), best first -> their scores, the row each extends (parent) and its token."""
-    batch, rows = scores.shape
-    vocab = log_probs.size(-1)
-    candidates = scores.unsqueeze(-1) + log_probs.float().view(batch, rows, vocab)
-    top_scores, index = candidates.view(batch, -1).topk(min(2 * k, rows * vocab), dim=-1)
-    return top_scores, index // vocab, index % vocab
-
-
-def sort_candidates(top_scores, ends, done, k):
-    """Walk down each sentence's candidates, best first, until k go on: those that end on
-    the way (the end symbol, or the length limit) finish. -> kept, finishing (batch, 2k)."""
-    valid = (top_scores != float("-inf")) & ~done.unsqueeze(1)
-    going_on = valid & ~ends
-    better_going_on = going_on.cumsum(dim=-1) - going_on.long()
-    return going_on & (better_going_on < k), valid & ends & (better_going_on < k)
-
-
-class FinishedHypotheses:
-    """Per sentence, the best finished hypothesis so far: score log P / lp, tokens, length."""
-
-    def __init__(self, batch, steps, device):
-        self.score = torch.full((batch,), float("-inf"), dtype=torch.float64, device=device)
-        self.tokens = torch.full((batch, steps), PAD_ID, dtype=torch.long, device=device)
-        self.length = torch.zeros(batch, dtype=torch.long, device=device)
-
-    def add(self, ys, rows, top_scores, tokens, finishing, alpha):
-        """Keep each sentence's best candidate that finishes now if it beats the best so far."""
-        length = ys.size(1)
-        ranked = top_scores.double() / length_penalty(length, alpha)
-        best, choice = ranked.masked_fill(~finishing, float("-inf")).max(dim=-1, keepdim=True)
-        prefix = ys[rows.gather(1, choice).squeeze(1), 1:]
-        ended = torch.cat([prefix, tokens.gather(1, choice)], dim=1)  # (batch, length)
-        improved = best.squeeze(1) > self.score
-        self.tokens[:, :length] = torch.where(improved[:, None], ended, self.tokens[:, :length])
-        self.length = torch.where(improved, length, self.length)
-        self.score = torch.where(improved, best.squeeze(1), self.score)
-
-    def output(self, start_symbol):
-        """(batch, 1 + longest) ids: start_symbol, each best hypothesis, PAD_ID after it."""
-        width = int(self.length.max())
-        start = torch.full_like(self.tokens[:, :1], start_symbol)
-        return torch.cat([start, self.tokens[:, :width]], dim=1)
-
-
-def fill_slots(slot, top_scores, tokens, rows, unchanged):
-    """The next beam: kept candidate i goes to row slot[i] of its sentence's k (k: not kept);
-    a row nothing fills keeps its unchanged prefix, scored -inf. -> scores, tokens, rows."""
-    k = unchanged.size(1) - 1
-    scores = top_scores.new_full((slot.size(0), k + 1), float("-inf")).scatter(1, slot, top_scores)
-    new_tokens = torch.full_like(unchanged, PAD_ID).scatter(1, slot, tokens)
-    new_rows = unchanged.scatter(1, slot, rows)
-    return scores[:, :k], new_tokens[:, :k].flatten(), new_rows[:, :k].flatten()
-
-
 @torch.no_grad()  # decoding picks tokens: nothing to differentiate
 def beam_search(
     model,
     src,
     src_mask,
+    beam_size=4,
+    alpha=0.6,
     max_len=None,
     start_symbol=BOS_ID,
     end_symbol=EOS_ID,
-    beam_size=4,
-    alpha=0.6,
-    cache=True,
 ):
-    """§6.1: beam search with beam_size hypotheses per sentence and length penalty alpha,
-    batched over sentences; a sentence stops when no live hypothesis can still beat its best
-    finished one, or at its length limit (output_limits). Inputs and output as greedy_decode.
-    Rows b * k ... (b + 1) * k - 1 of ys hold sentence b's k hypotheses; each step waits for
-    the device once (is every sentence done, which rows moved?)."""
-    k, batch, device = positive_int("beam_size", beam_size), src.size(0), src.device
-    limits = output_limits(src_mask, max_len)
-    limit_penalty = length_penalty(limits.double(), alpha)  # the largest lp of each sentence
-    decoder = start_decoding(model, src, src_mask, cache)
-    ys = torch.full((batch, 1), start_symbol, dtype=torch.long, device=device)
-    scores = torch.zeros(batch, 1, device=device)  # log P; at first one empty prefix each
-    finished = FinishedHypotheses(batch, int(limits.max()), device)
-    done = torch.zeros(batch, dtype=torch.bool, device=device)
-    for length in range(1, int(limits.max()) + 1):  # tokens after this step, the end included
-        per_sentence = scores.size(1)
-        top_scores, parent, tokens = best_extensions(scores, decoder.next_log_probs(ys), k)
-        first_row = torch.arange(batch, device=device).unsqueeze(1) * per_sentence
-        rows = first_row + parent  # the row of ys each candidate extends
-        ends = (tokens == end_symbol) | (length >= limits).unsqueeze(1)
-        kept, finishing = sort_candidates(top_scores, ends, done, k)
-        finished.add(ys, rows, top_scores, tokens, finishing, alpha)
-        slot = decoder.slots(kept, parent, k)
-        unchanged = first_row + torch.arange(k + 1, device=device).clamp(max=per_sentence - 1)
-        scores, new_tokens, new_rows = fill_slots(slot, top_scores, tokens, rows, unchanged)
-        # log P only falls as a hypothesis grows, and lp is largest at the length limit
-        done |= ~kept.any(dim=-1) | (finished.score >= scores.max(-1).values / limit_penalty)
-        # the step's one wait for the device: is every sentence done, and which rows moved
-        moved = new_rows != torch.arange(new_rows.numel(), device=device)
-        all_done, *moved = torch.cat([done.all().view(1), moved]).tolist()
-        if all_done:
-            break
-        ys = torch.cat([ys[new_rows], new_tokens.unsqueeze(1)], dim=1)
-        decoder.follow(new_rows, moved)
-    return finished.output(start_symbol)
+    """§6.1: beam search for one sentence, src (1, seq), with beam_size hypotheses and length
+    penalty alpha, stopping when no live hypothesis can still beat the best finished one.
+    Returns (1, 1 + length) ids of the best finished hypothesis, from start_symbol."""
+    k = positive_int("beam_size", beam_size)
+    limit = int(output_limits(src_mask, max_len)[0])
+    memory = model.encode(src, src_mask)
+    ys = torch.full((1, 1), start_symbol, dtype=torch.long, device=src.device)  # live prefixes
+    scores = torch.zeros(1, device=src.device)  # their log P
+    best, best_score = None, -math.inf  # the best finished hypothesis and log P / lp
+    for length in range(1, limit + 1):  # tokens after this step, the end included
+        log_probs = next_log_probs(model, memory, src_mask, ys).float()  # (rows, vocab)
+        candidates = (scores.unsqueeze(1) + log_probs).flatten()
+        top_scores, index = candidates.topk(min(2 * k, candidates.numel()))
+        beam = []  # (row, token, log P) of the extensions that go on
+        for score, i in zip(top_scores.tolist(), index.tolist()):
+            row, token = divmod(i, log_probs.size(1))
+            if token == end_symbol or length == limit:  # finished: ranked by log P / lp
+                if score / length_penalty(length, alpha) > best_score:
+                    best_score = score / length_penalty(length, alpha)
+                    best = torch.cat([ys[row], ys.new_tensor([token])])
+            else:
+                beam.append((row, token, score))
+            if len(beam) == k:
+                break
+        if not beam or best_score >= beam[0][2] / length_penalty(limit, alpha):
+            break  # log P only falls as a hypothesis grows; lp is largest at the limit
+        rows, tokens, kept = zip(*beam)
+        ys = torch.cat([ys[list(rows)], ys.new_tensor(tokens).unsqueeze(1)], dim=1)
+        scores = torch.tensor(kept, device=src.device)
+    return best.unsqueeze(0)
+
+
+def decode_batch(model, src, src_mask, beam_size=4, alpha=0.6):
+    """The paper's decoding of a batch (§6.1): greedy_decode for beam_size 1, otherwise
+    beam_search sentence by sentence. -> (batch, 1 + longest) ids, padded with PAD_ID."""
+    if beam_size == 1:
+        return greedy_decode(model, src, src_mask)
+    outputs = [
+        beam_search(model, src[i : i + 1], src_mask[i : i + 1], beam_size, alpha)[0]
+        for i in range(src.size(0))
+    ]
+    return pad_ids([out.tolist() for out in outputs]).to(src.device)
+
+
+import pathlib
+
+
+def read_checkpoint(path):
+    """A checkpoint's payload (tensors and plain data only); errors name the file."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        complete = isinstance(payload, dict) and {"config", "model", "tokenizer"} <= payload.keys()
+        problem = None if complete else "it holds no config, model and tokenizer"
+    except Exception as error:  # torch's messages can fill a page: keep the first sentence
+        first = str(error).partition("\n")[0].partition(". ")[0]
+        problem = type(error).__name__ + (f": {first}" if first else "")
+    if problem:
+        raise ValueError(
+            f"{path} cannot be read as a checkpoint ({problem}): it is damaged or not a "
+            f"checkpoint written by train; use another snapshot of the run"
+        )
+    return payload
 
 
 def load_checkpoint(path, device="cpu"):
@@ -1160,7 +969,7 @@ def load_checkpoint(path, device="cpu"):
 def average_checkpoints(paths):
     """§6.1: "a single model obtained by averaging the last 5 checkpoints". The element-wise
     mean of the weights of several checkpoints of one run, returned as a checkpoint payload
-    (save it with save_checkpoint, load it with load_checkpoint)."""
+    (save it with torch.save, load it with load_checkpoint)."""
     paths = [pathlib.Path(p) for p in paths]
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint path")
@@ -1182,12 +991,15 @@ def average_checkpoints(paths):
     return last | {"step": steps[-1], "averaged_steps": steps, "model": weights}
 
 
-def translate(model, tokenizer, sentences, beam_size=4, alpha=0.6, batch_size=64):
+def translate(
+    model, tokenizer, sentences, beam_size=4, alpha=0.6, batch_size=64, decode=decode_batch
+):
     """Translate source sentences (a list of str) into detokenized strings, with the
     paper's decoding by default (§6.1: beam 4, alpha 0.6, output length at most input
     length + 50); beam_size=1 is greedy decoding. An empty (or all-blank) sentence
     translates to "". Characters the vocabulary has never seen become <unk> in the input,
-    and special tokens never appear in the output."""
+    and special tokens never appear in the output. decode: how a batch is decoded
+    (decode_batch's arguments; the fast one of the Fast decoding page gives the same)."""
     if isinstance(sentences, str):
         raise TypeError("translate takes a list of sentences; wrap a single one: [sentence]")
     positive_int("beam_size", beam_size)
@@ -1203,10 +1015,7 @@ def translate(model, tokenizer, sentences, beam_size=4, alpha=0.6, batch_size=64
         chunk = order[start : start + batch_size]
         src = pad_ids([encoded[i] for i in chunk]).to(device)
         src_mask = padding_mask(src, PAD_ID)
-        if beam_size == 1:
-            out = greedy_decode(model, src, src_mask)
-        else:
-            out = beam_search(model, src, src_mask, beam_size=beam_size, alpha=alpha)
+        out = decode(model, src, src_mask, beam_size, alpha)
         for row, i in enumerate(chunk):
             results[i] = tokenizer.decode(out[row].tolist(), skip_special_tokens=True)
     return results
@@ -1236,13 +1045,19 @@ def encode_sentences(model, tokenizer, sentences):
     return encoded
 
 
-def evaluate_bleu(model, tokenizer, pairs, beam_size=4, alpha=0.6, batch_size=64):
+import sacrebleu
+
+
+def evaluate_bleu(
+    model, tokenizer, pairs, beam_size=4, alpha=0.6, batch_size=64, decode=decode_batch
+):
     """Translate the sources of (source, reference) pairs and score them with sacreBLEU
     (Post, 2018): `bleu` on detokenized, cased text (the standard, with its
     signature), and `bleu_lowercase`, case-insensitive, closer to the lowercased tokenized
     BLEU most Multi30k papers report. `length_ratio`: the hypotheses' length over the
     references' (sacreBLEU's tokens), which sets BLEU's brevity penalty when below 1."""
-    hypotheses = translate(model, tokenizer, [s for s, _ in pairs], beam_size, alpha, batch_size)
+    sources = [s for s, _ in pairs]
+    hypotheses = translate(model, tokenizer, sources, beam_size, alpha, batch_size, decode)
     references = [[t for _, t in pairs]]
     cased, lowercase = sacrebleu.BLEU(), sacrebleu.BLEU(lowercase=True)
     score = cased.corpus_score(hypotheses, references)
@@ -1327,1089 +1142,3 @@ def validation_perplexity(model, data, max_tokens=2000):
     encode_pairs returns them, scored in batches of at most max_tokens tokens a side (or
     the longest sentence). Returns a float; the model is left in the mode it was in."""
     return math.exp(validation_loss(model, EncodedCorpus(data), max_tokens))
-
-
-# --------------------------------------------------------------------------------------
-# Engineering: runs that survive (ours), from chapters/engineering_runs.ipynb
-# --------------------------------------------------------------------------------------
-
-import gzip
-import hashlib
-import itertools
-import json
-import os
-import pathlib
-import platform
-import shutil
-import socket
-import time
-import typing
-import urllib.request
-import warnings
-from dataclasses import field
-
-import sacrebleu
-from tqdm import tqdm
-
-
-MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
-MULTI30K_SPLITS = {"train": "train", "val": "val", "test2016": "test_2016_flickr"}
-# SHA-256 of the gzip files as published; a download or local copy that differs is refused
-MULTI30K_SHA256 = {
-    "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
-    "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
-    "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
-    "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
-    "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
-    "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
-}
-
-
-class DatasetError(RuntimeError):
-    """A data file is missing, corrupt or cannot be downloaded; the message says what to do."""
-
-
-def sha256_of(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def default_cache_dir():
-    """Where downloads go: $XDG_CACHE_HOME (or ~/.cache)/annotated-transformer/multi30k."""
-    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
-    return pathlib.Path(base) / "annotated-transformer" / "multi30k"
-
-
-def download(url, path, sha256):
-    """Fetch url to path, verified: the bytes go to a temporary file in the same folder,
-    renamed into place only once their checksum matches; nothing else is left behind."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(f"{path.name}.{os.getpid()}.part")
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response, open(part, "wb") as file:
-            shutil.copyfileobj(response, file)
-        problem = None if sha256_of(part) == sha256 else f"its SHA-256 is not {sha256}"
-        if problem is None:
-            os.replace(part, path)
-    except OSError as error:  # urllib's URLError is an OSError
-        problem = str(error)
-    finally:
-        part.unlink(missing_ok=True)
-    if problem:
-        raise DatasetError(
-            f"could not download {url} ({problem}); nothing was kept. Try again, or point "
-            f"the loader at a verified local copy: set MULTI30K_DIR or pass data_dir"
-        )
-    return path
-
-
-def multi30k_file(filename, data_dir=None, base_url=MULTI30K_URL):
-    """The verified path of one Multi30k file: from data_dir (or $MULTI30K_DIR) when given,
-    otherwise from the cache, downloading it there first if needed."""
-    expected = MULTI30K_SHA256[filename]
-    local = data_dir or os.environ.get("MULTI30K_DIR")
-    if not local:
-        path = default_cache_dir() / filename
-        if path.is_file() and sha256_of(path) == expected:
-            return path
-        return download(base_url + filename, path, expected)
-    path = pathlib.Path(local) / filename
-    problem = "does not exist" if not path.is_file() else None
-    if problem is None and sha256_of(path) != expected:
-        problem = "has the wrong SHA-256: it is corrupt or not the published file"
-    if problem:
-        raise DatasetError(
-            f"{path} {problem}; the local Multi30k copy (data_dir or MULTI30K_DIR={local}) "
-            f"must hold {filename} with SHA-256 {expected}: download it from {base_url}{filename}"
-        )
-    return path
-
-
-def load_multi30k(split, src_lang="de", tgt_lang="en", data_dir=None, base_url=MULTI30K_URL):
-    """§5.1 on Multi30k: the aligned (source, target) sentence pairs of one split
-    (train: 29000, val: 1014, test2016: 1000), each file verified against its SHA-256."""
-    if split not in MULTI30K_SPLITS or {src_lang, tgt_lang} != {"de", "en"}:
-        raise ValueError(
-            f"split must be one of {sorted(MULTI30K_SPLITS)} and src_lang, tgt_lang 'de' and "
-            f"'en' in either order; got split={split!r}, src_lang={src_lang!r}, "
-            f"tgt_lang={tgt_lang!r}"
-        )
-    sides = []
-    for lang in (src_lang, tgt_lang):
-        path = multi30k_file(f"{MULTI30K_SPLITS[split]}.{lang}.gz", data_dir, base_url)
-        with gzip.open(path, "rt", encoding="utf-8") as file:
-            sides.append([line.rstrip("\n") for line in file])
-    return list(zip(*sides, strict=True))  # the published files are aligned line by line
-
-
-AMP_CHOICES = ("auto", "bf16", "fp16", "off", "fastest")
-PRECISIONS = {None: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-AMP_OF_PRECISION = {"float32": "off", "bfloat16": "bf16", "float16": "fp16"}
-
-
-def autocast_dtype(amp, device):
-    """The autocast dtype that `amp` means on `device` (None: float32 throughout); for
-    "fastest" on a CPU, see faster_precision."""
-    if amp is None or amp == "off":
-        return None
-    if amp not in AMP_CHOICES:
-        raise ValueError(f"amp must be one of {', '.join(AMP_CHOICES)}, got {amp!r}")
-    device = torch.device(device)
-    if amp in ("auto", "fastest"):
-        if device.type != "cuda":
-            return None
-        return torch.bfloat16 if native_bf16(device) else torch.float16
-    return torch.bfloat16 if amp == "bf16" else torch.float16
-
-
-def native_bf16(device):
-    """Whether `device` multiplies in bfloat16 natively: a GPU of compute capability 8.0
-    (Ampere) or later, a CPU with AVX-512 BF16 or AMX. Elsewhere bfloat16 is emulated, and
-    slower than float32 (torch.cuda.is_bf16_supported() says yes to an emulating T4)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_capability(device) >= (8, 0)
-    # torch's own cpuinfo, not mkldnn's check, which says yes to any AVX-512 CPU; these
-    # helpers are private to torch: should they go, the answer is no
-    try:
-        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
-def faster_precision(config, corpus, vocab, steps=3):
-    """float32 (None) or bfloat16, whichever trains this recipe faster on this CPU: a
-    scratch model takes one warm-up and `steps` timed updates in each, on the first
-    batches of the run's first epoch (and without native bfloat16, float32 untimed). The
-    random state is left as it was."""
-    if not native_bf16("cpu"):
-        return None
-    plan = epoch_updates(corpus, config, epoch=0)[: steps + 1]
-    batches = [corpus.batch(indices) for indices, *_ in plan]
-    seconds = {}
-    with torch.random.fork_rng():
-        for amp in (None, torch.bfloat16):
-            run = RunState.new(config, vocab, amp=amp)
-            for i, batch in enumerate(batches):
-                if i == 1:
-                    started = time.perf_counter()
-                args = run.optimizer, run.scheduler, run.scaler, config.smoothing
-                train_step(run.model, batch, *args, amp=amp).tolist()
-            seconds[amp] = time.perf_counter() - started
-    return min(seconds, key=seconds.get)
-
-
-def check_device(device):
-    """Refuse a device this machine lacks before any work is done."""
-    try:
-        problem = None
-        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-            problem = "this PyTorch sees no GPU (torch.cuda.is_available() is False); train "
-            problem += "on device='cpu' or install a CUDA build of PyTorch"
-    except RuntimeError:
-        problem = "it is not a device: use cpu, cuda or cuda:N"
-    if problem:
-        raise ValueError(f"device={device!r}: {problem}")
-
-
-def cpu_model():
-    """The CPU's model name from /proc/cpuinfo (Linux), else what platform knows of it."""
-    try:
-        with open("/proc/cpuinfo") as file:
-            return next(line.split(":", 1)[1].strip() for line in file if "model name" in line)
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
-
-def hardware_description(device="cpu"):
-    """One line naming the machine a result came from: GPU name, or CPU model and threads."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
-    threads = torch.get_num_threads()
-    return f"{cpu_model()}, {threads} thread{'s' * (threads != 1)}, torch {torch.__version__}"
-
-
-CHECKPOINT_FORMAT = 3  # checkpoints record it; another format is refused on resume
-
-
-def save_checkpoint(path, payload):
-    """torch.save to a temporary file beside `path`, then an atomic rename."""
-    path = pathlib.Path(path)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as file:
-            torch.save(payload, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def write_json(path, data):
-    """JSON written as atomically as a checkpoint (a reader never sees half a file)."""
-    tmp = pathlib.Path(f"{path}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
-
-
-def read_checkpoint(path):
-    """A checkpoint's payload (tensors and plain data only); errors name the file."""
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-        complete = isinstance(payload, dict) and {"config", "model", "tokenizer"} <= payload.keys()
-        problem = None if complete else "it holds no config, model and tokenizer"
-    except Exception as error:  # torch's messages can fill a page: keep the first sentence
-        first = str(error).partition("\n")[0].partition(". ")[0]
-        problem = type(error).__name__ + (f": {first}" if first else "")
-    if problem:
-        raise ValueError(
-            f"{path} cannot be read as a checkpoint ({problem}): it is damaged or not a "
-            f"checkpoint written by train; use another snapshot of the run"
-        )
-    return payload
-
-
-def snapshot_paths(out_dir):
-    """The weight snapshots of a run, oldest first: out_dir/checkpoint-<step>.pt."""
-    return sorted(pathlib.Path(out_dir).glob("checkpoint-*.pt"))
-
-
-class RunFolderBusy(FileExistsError):
-    """Another live process is training in this folder."""
-
-
-class RunFolder:
-    """with RunFolder(out, resume): out exists, holds no finished run unless resume, is
-    locked by this process (out/.lock: host and pid), and holds no stale temporary files;
-    owner=False (torchrun ranks > 0) touches nothing."""
-
-    def __init__(self, out, resume=False, owner=True):
-        self.out, self.resume, self.owner = pathlib.Path(out), resume, owner
-        self.lock = self.out / ".lock"
-
-    def __enter__(self):
-        if not self.owner:
-            return self
-        if not self.resume and (self.out / "checkpoint.pt").exists():
-            raise FileExistsError(
-                f"{self.out / 'checkpoint.pt'} already exists; resume it (--resume) or "
-                f"start the new run in another folder, so the earlier one is kept"
-            )
-        self.out.mkdir(parents=True, exist_ok=True)
-        me = f"{socket.gethostname()} {os.getpid()}"
-        try:
-            fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            holder = self.lock.read_text().strip()
-            host, _, pid = holder.partition(" ")
-            if host != socket.gethostname() or process_alive(int(pid or 0)):
-                raise RunFolderBusy(
-                    f"{self.out} is in use by process {holder} (lock file {self.lock}); wait "
-                    f"for it to finish or train into another folder"
-                ) from None
-            self.lock.write_text(me + "\n")  # the holder died: take the folder over
-        else:
-            with os.fdopen(fd, "w") as file:
-                file.write(me + "\n")
-        for stale in self.out.glob("*.tmp"):  # from a save that was killed
-            stale.unlink()
-        return self
-
-    def __exit__(self, *exc):
-        if self.owner:
-            self.lock.unlink(missing_ok=True)
-
-
-def process_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid > 0
-
-
-@dataclass
-class RunState:
-    """What a run has built and done so far: all that a checkpoint saves."""
-
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
-    step: int = 0
-    epoch: int = 0
-    position: int = 0  # updates of the current epoch already made
-    tokens_seen: int = 0  # target tokens, all processes
-    seconds: float = 0.0  # training time over all sessions, validation excluded
-    history: list = field(default_factory=list)  # per step: loss, nll, lr, tokens
-    validation: list = field(default_factory=list)  # per evaluation: step, seconds, figures
-
-    @classmethod
-    def new(cls, config, vocab, device="cpu", amp=None, cuda_graphs=False):
-        """A fresh run: the model initialised with config.seed, AdamW with Eq. (3) (the
-        capturable one of the CUDA graphs page when asked), and the gradient scaler
-        (active only for float16 autocast)."""
-        torch.manual_seed(config.seed)
-        model = build_model(vocab, vocab, config.model).to(device)
-        d_model, decay = config.model.d_model, config.weight_decay
-        make = make_capturable_optimizer if cuda_graphs else make_optimizer
-        optimizer, scheduler = make(model, d_model, config.lr_factor, config.warmup_steps, decay)
-        scaler = torch.amp.GradScaler(torch.device(device).type, enabled=amp == torch.float16)
-        return cls(model, optimizer, scheduler, scaler)
-
-
-@dataclass
-class RunSetup:
-    """What stays fixed while a run trains: its recipe, folder, data and processes."""
-
-    config: TrainConfig
-    out: pathlib.Path
-    tokenizer: Tokenizer
-    corpus: EncodedCorpus
-    val: tuple | None  # (EncodedCorpus of all val pairs, the pairs BLEU translates)
-    device: str
-    amp: torch.dtype | None
-    rank: int = 0
-    world: int = 1
-    log: typing.Callable = print
-    cuda_graphs: bool = False  # steps replayed as CUDA graphs (the CUDA graphs page)
-
-
-def epoch_updates(corpus, config, epoch, world=1):
-    """One epoch's updates, each a list of `world` batches (index lists), one per process,
-    of max_tokens / world tokens a side; the order depends only on (seed, epoch)."""
-    batches = batch_by_tokens(corpus.lengths, config.max_tokens // world, config.seed + epoch)
-    return [batches[i : i + world] for i in range(0, len(batches) - world + 1, world)]
-
-
-def distributed_rank_and_size():
-    """(rank, world size) under torchrun's process group, (0, 1) in a single process."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
-
-
-def gather_rng_states(device, world):
-    """Every rank's random states (CPU, and its GPU's), gathered on all ranks."""
-    state = {"cpu": torch.get_rng_state()}
-    if torch.device(device).type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    if world == 1:
-        return [state]
-    states = [None] * world
-    torch.distributed.all_gather_object(states, state)
-    return states
-
-
-def restore_rng_state(states, rank, world, device):
-    """This rank's saved random state back in place; a different process count warns."""
-    if len(states) != world:
-        warnings.warn(
-            f"the checkpoint was written by {len(states)} process(es) and resumes in {world}: "
-            f"batches and dropout masks differ from an uninterrupted run from here on",
-            stacklevel=2,
-        )
-    if rank >= len(states):
-        return
-    torch.set_rng_state(states[rank]["cpu"])
-    if torch.device(device).type == "cuda":
-        if "cuda" in states[rank]:
-            torch.cuda.set_rng_state(states[rank]["cuda"], device)
-        else:
-            warnings.warn(
-                "no GPU random state in the checkpoint: GPU dropout starts afresh", stacklevel=2
-            )
-
-
-def validation_loss(model, corpus, max_tokens=4000):
-    """Cross-entropy per real target token, without smoothing, over an EncodedCorpus;
-    math.exp of it is the perplexity. The model's train/eval mode is restored."""
-    model = unwrap(model)
-    device = next(model.parameters()).device
-    training, total = model.training, torch.zeros((), device=device)
-    model.eval()
-    with torch.no_grad():
-        for indices in batch_by_tokens(corpus.lengths, max_tokens, shuffle=False):
-            total += forward_loss(model, corpus.batch(indices, device), 0.0)[1]
-    model.train(training)
-    return total.item() / corpus.target_tokens(range(len(corpus)))
-
-
-def validate(model, corpus, pairs, tokenizer):
-    """The validation figures logged during training and stored with each snapshot: the
-    loss over the whole corpus and BLEU of greedy translations of `pairs`, mode restored."""
-    model = unwrap(model)
-    training, loss = model.training, validation_loss(model, corpus)
-    hypotheses = translate(model, tokenizer, [src for src, _ in pairs], beam_size=1)
-    model.train(training)
-    return {
-        "val_loss": round(loss, 4),
-        "val_ppl": round(math.exp(loss), 2),
-        "val_bleu": round(sacrebleu.corpus_bleu(hypotheses, [[r for _, r in pairs]]).score, 2),
-        "bleu_sentences": len(pairs),
-    }
-
-
-def differing_fields(saved, wanted, prefix=""):
-    """'name: saved -> wanted' for every field, nested ones dotted, that differs."""
-    found = []
-    for name in sorted(set(saved) | set(wanted)):
-        a, b = saved.get(name, "<absent>"), wanted.get(name, "<absent>")
-        if isinstance(a, dict) and isinstance(b, dict):
-            found += differing_fields(a, b, f"{prefix}{name}.")
-        elif a != b:
-            found.append(f"{prefix}{name}: {a!r} -> {b!r}")
-    return found
-
-
-def checkpoint_to_resume(path, config, precision=None, cuda_graphs=False):
-    """The payload of out/checkpoint.pt, refused if written in another format, with another
-    recipe, in another precision (a name in PRECISIONS; None: take the checkpoint's), or
-    with and without CUDA graphs (whose optimizer and schedule save other states)."""
-    if not pathlib.Path(path).is_file():
-        raise FileNotFoundError(f"no checkpoint at {path} to resume from; start without --resume")
-    payload = read_checkpoint(path)
-    saved = {"checkpoint format": payload.get("format", "<absent>"), **payload["config"]}
-    saved["precision"] = payload.get("precision", "<absent>")
-    saved["cuda_graphs"] = payload.get("cuda_graphs", False)
-    wanted = {"checkpoint format": CHECKPOINT_FORMAT, **config.identity()}
-    wanted["precision"] = saved["precision"] if precision is None else precision
-    wanted["cuda_graphs"] = cuda_graphs
-    differ = differing_fields(saved, wanted)
-    if differ:
-        hint = ""
-        if saved["precision"] != wanted["precision"] and saved["precision"] in AMP_OF_PRECISION:
-            hint = f" (amp={AMP_OF_PRECISION[saved['precision']]!r} trains in {saved['precision']})"
-        raise ValueError(
-            f"{path} was written with a different configuration ({'; '.join(differ)}); "
-            f"resume with the same settings{hint} or start a new run in another folder"
-        )
-    return payload
-
-
-def save_progress(state, setup):
-    """Write the snapshot, checkpoint.pt and metrics.json (rank 0; every rank must call)."""
-    rng = gather_rng_states(setup.device, setup.world)
-    if setup.rank == 0:
-        out, config, latest = setup.out, setup.config, state.validation[-1:]
-        weights = {
-            "format": CHECKPOINT_FORMAT,
-            "config": config.identity(),
-            "precision": PRECISIONS[setup.amp],
-            "cuda_graphs": setup.cuda_graphs,
-            "tokenizer": setup.tokenizer.to_str(),
-            "step": state.step,
-            "validation": latest[0] if latest and latest[0]["step"] == state.step else None,
-            "model": state.model.state_dict(),
-        }
-        save_checkpoint(out / f"checkpoint-{state.step:07d}.pt", weights)
-        for old in snapshot_paths(out)[: -config.keep_checkpoints]:
-            old.unlink()
-        counters = ("epoch", "position", "tokens_seen", "seconds", "history")
-        resumable = {name: getattr(state, name) for name in counters}
-        resumable["validations"] = state.validation  # "validation": this step's, above
-        for name in ("optimizer", "scheduler", "scaler"):
-            resumable[name] = getattr(state, name).state_dict()
-        save_checkpoint(out / "checkpoint.pt", {**weights, **resumable, "rng": rng})
-        metrics = {"config": config.identity(), "history": state.history}
-        write_json(out / "metrics.json", {**metrics, "validation": state.validation})
-    if setup.world > 1:
-        torch.distributed.barrier()
-
-
-def resume_or_start(setup, payload):
-    """A fresh RunState, or the checkpointed one restored; each rank's own dropout stream."""
-    vocab = setup.tokenizer.get_vocab_size()
-    state = RunState.new(setup.config, vocab, setup.device, setup.amp, setup.cuda_graphs)
-    if payload is not None:
-        for name in ("model", "optimizer", "scheduler", "scaler"):
-            if payload[name]:  # a float32 or bfloat16 run's scaler saved nothing
-                getattr(state, name).load_state_dict(payload[name])
-        for name in ("step", "epoch", "position", "tokens_seen", "seconds", "history"):
-            setattr(state, name, payload[name])
-        state.validation = payload["validations"]
-        restore_rng_state(payload["rng"], setup.rank, setup.world, setup.device)
-        if setup.rank == 0:
-            setup.log(f"resumed from {setup.out / 'checkpoint.pt'} at step {state.step}")
-    elif setup.rank > 0:
-        torch.manual_seed(setup.config.seed + 1_000_003 * setup.rank)  # its own dropout
-    return state
-
-
-def tokenizer_for_run(config, pairs, out, tokenizer, payload, rank, world):
-    """The checkpoint's vocabulary when resuming, else the one given, else one that rank 0
-    learns from the training pairs; saved as out/tokenizer.json."""
-    if payload is not None:
-        saved = Tokenizer.from_str(payload["tokenizer"])
-        if tokenizer is not None and tokenizer.to_str() != saved.to_str():
-            raise ValueError(f"{out} was trained with another tokenizer; resume without one")
-        return saved
-    if tokenizer is None:
-        if rank == 0:
-            train_bpe(pairs, config.vocab_size, out / "tokenizer.json")
-        if world > 1:
-            torch.distributed.barrier()  # rank 0's vocabulary is on disk for every rank
-        return load_tokenizer(out / "tokenizer.json")
-    if tokenizer.get_vocab_size() > config.vocab_size:
-        raise ValueError(
-            f"the tokenizer has {tokenizer.get_vocab_size()} tokens but config.vocab_size is "
-            f"{config.vocab_size}; pass a tokenizer from train_bpe(pairs, {config.vocab_size})"
-        )
-    if rank == 0:
-        tokenizer.save(str(out / "tokenizer.json"))
-    return tokenizer
-
-
-def record_losses(state, pending, world):
-    """Read the summed [loss, nll] of the steps since the last read (all ranks' together)
-    into state.history, per target token: the one point where the loop waits for the device."""
-    sums = torch.stack([losses for losses, _, _ in pending])
-    if world > 1:
-        torch.distributed.all_reduce(sums)
-    for (loss, nll), (_, lr, ntokens) in zip(sums.tolist(), pending):
-        entry = {"step": len(state.history) + 1, "loss": round(loss / ntokens, 5)}
-        entry.update(nll=round(nll / ntokens, 5), lr=lr, tokens=ntokens)
-        state.history.append(entry)
-    pending.clear()
-
-
-def record_validate_save(state, setup, pending, done=False):
-    """Every log_every steps: read the losses; every eval_every steps (with validation
-    data): validate; every checkpoint_every steps: save. The last step (`done`) does all
-    three."""
-    config = setup.config
-    record_losses(state, pending, setup.world)
-    if setup.val and setup.rank == 0 and (state.step % config.eval_every == 0 or done):
-        figures = validate(state.model, *setup.val, setup.tokenizer)
-        when = {"step": state.step, "seconds": round(state.seconds, 1)}
-        state.validation.append({**when, "tokens_seen": state.tokens_seen, **figures})
-        setup.log(f"step {state.step}: validation {figures}")
-    if state.step % config.checkpoint_every == 0 or done:
-        save_progress(state, setup)
-        last = state.history[-1]
-        if setup.rank == 0:
-            setup.log(
-                f"step {state.step}: loss {last['loss']:.3f}, nll {last['nll']:.3f}, "
-                f"lr {last['lr']:.2e}, {state.seconds:.0f} s, checkpoint written"
-            )
-
-
-def epoch_rows(updates, rank, device):
-    """This process's row numbers for every update of `updates`, in one tensor on `device`
-    (one copy per epoch), and the slice of it that belongs to each update."""
-    mine = [group[rank] for group in updates]
-    ends = list(itertools.accumulate(len(indices) for indices in mine))
-    rows = torch.tensor([i for indices in mine for i in indices]).to(device, non_blocking=True)
-    return rows, [slice(end - len(indices), end) for end, indices in zip(ends, mine)]
-
-
-def train_epoch(state, setup, model, bar, multiple_of=1, runner=None):
-    """The rest of the current epoch, or up to the run's end: max_steps, or max_seconds.
-    `model` is state.model, wrapped in DistributedDataParallel under several processes and
-    compiled when asked; runner: a GraphedTrainStep that makes the updates instead of
-    train_step (one process). Returns whether the run has ended."""
-    config, pending, started = setup.config, [], time.perf_counter()
-    every = [config.log_every, config.checkpoint_every] + [config.eval_every] * bool(setup.val)
-    updates = epoch_updates(setup.corpus, config, state.epoch, setup.world)[state.position :]
-    rows, cuts = epoch_rows(updates, setup.rank, setup.device)
-    for group, cut in zip(updates, cuts):
-        ntokens = sum(setup.corpus.target_tokens(indices) for indices in group)  # host lengths
-        if runner is None:
-            batch = setup.corpus.batch(group[setup.rank], multiple_of=multiple_of, rows=rows[cut])
-            lr = state.optimizer.param_groups[0]["lr"]
-            losses = train_step(
-                model, batch, state.optimizer, state.scheduler, state.scaler, config.smoothing,
-                ntokens / setup.world, setup.amp,
-            )  # fmt: skip
-        else:  # the rate in the optimizer is a device tensor: the host computes its own copy
-            lr = rate(state.step + 1, config.model.d_model, config.lr_factor, config.warmup_steps)
-            losses = runner(*bucketed_ids(setup.corpus, group[0], rows=rows[cut]), ntokens)
-        pending.append((losses, lr, ntokens))
-        state.step, state.position = state.step + 1, state.position + 1
-        state.tokens_seen += ntokens
-        bar.update()
-        done = state.step == config.max_steps
-        if done or any(state.step % n == 0 for n in every):
-            state.seconds += time.perf_counter() - started
-            done = done or out_of_time(state, setup)
-            record_validate_save(state, setup, pending, done)
-            bar.set_postfix(loss=f"{state.history[-1]['loss']:.3f}")
-            started = time.perf_counter()  # validation and saving are not training time
-        if done:
-            return True
-    if pending:
-        state.seconds += time.perf_counter() - started
-        record_losses(state, pending, setup.world)
-    state.epoch, state.position = state.epoch + 1, 0
-    return False
-
-
-def out_of_time(state, setup):
-    """At a checkpoint of a run with max_seconds: whether checkpoint_every more steps, at the
-    run's mean pace so far, would end past it. Under several processes rank 0's clock
-    decides for all, so that they stop together."""
-    config = setup.config
-    if not config.max_seconds or state.step % config.checkpoint_every:
-        return False
-    late = state.seconds * (1 + config.checkpoint_every / state.step) > config.max_seconds
-    if setup.world > 1:  # a checkpoint waits for the device anyway
-        flag = torch.tensor(float(late), device=setup.device)
-        torch.distributed.broadcast(flag, src=0)
-        late = bool(flag.item())
-    return late
-
-
-def train(
-    config,
-    train_pairs,
-    out_dir,
-    tokenizer=None,
-    val_pairs=None,
-    device="cpu",
-    resume=False,
-    log=print,
-    progress=False,
-    amp=None,
-    compile=False,
-    cuda_graphs=False,
-):
-    """§5: train on (source, target) sentence pairs into out_dir; returns (model,
-    tokenizer, history). With val_pairs, validates every config.eval_every steps. amp is
-    one of AMP_CHOICES; resume=True continues out_dir/checkpoint.pt exactly. Under
-    torchrun, each process trains on its share of every update (DistributedDataParallel)
-    and only rank 0 writes files and logs. compile: True, or the name of a torch.compile
-    backend; cuda_graphs: replay each step as a CUDA graph (one process; on a CPU the same
-    step runs eagerly)."""
-    check_device(device)
-    measure = amp == "fastest" and torch.device(device).type == "cpu"
-    amp = None if measure else autocast_dtype(amp, device)
-    rank, world = distributed_rank_and_size()
-    check_run(out_dir, train_pairs, cuda_graphs and (compile or world > 1 or amp is torch.float16))
-    out = pathlib.Path(out_dir)
-    with RunFolder(out, resume, owner=rank == 0), tf32_matmuls(device):
-        precision, path = None if measure else PRECISIONS[amp], out / "checkpoint.pt"
-        payload = checkpoint_to_resume(path, config, precision, cuda_graphs) if resume else None
-        tokenizer = tokenizer_for_run(config, train_pairs, out, tokenizer, payload, rank, world)
-        corpus = EncodedCorpus.from_pairs(train_pairs, tokenizer)
-        if measure:
-            amp = fastest_precision(config, corpus, tokenizer.get_vocab_size(), payload, log)
-        val = None
-        if val_pairs:
-            val = EncodedCorpus.from_pairs(val_pairs, tokenizer), val_pairs[: config.bleu_sentences]
-        corpus = corpus.to(device)
-        setup = RunSetup(config, out, tokenizer, corpus, val, device, amp, rank, world, log,
-                         cuda_graphs)  # fmt: skip
-        state = resume_or_start(setup, payload)  # before any capture: graphs keep addresses
-        step_parts = state.model, state.optimizer, state.scheduler, config.smoothing, amp
-        runner = GraphedTrainStep(*step_parts) if cuda_graphs else None
-        model = torch.nn.parallel.DistributedDataParallel(state.model) if world > 1 else state.model
-        if compile:  # True: PyTorch's default compiler; a string names another backend
-            model = torch.compile(model, **({} if compile is True else {"backend": compile}))
-        bar = tqdm(
-            total=config.max_steps, initial=state.step, unit="step", disable=not progress or rank
-        )
-        ended = state.step >= config.max_steps
-        while not ended:
-            ended = train_epoch(state, setup, model, bar, 8 if compile else 1, runner)
-        bar.close()
-    return state.model, tokenizer, state.history
-
-
-def check_run(out_dir, train_pairs, graphs_refused):
-    """Refuse what train cannot do, before anything is written."""
-    if str(out_dir).strip() in ("", "."):  # pathlib.Path("") is "." too
-        raise ValueError(
-            f"out_dir={str(out_dir)!r} is the working directory: pass a folder of the run's "
-            f"own, e.g. runs/quick"
-        )
-    if not train_pairs:
-        raise ValueError("train_pairs is empty: pass (source, target) sentence pairs")
-    if graphs_refused:
-        raise ValueError(
-            "cuda_graphs=True captures the step of one process, uncompiled, in float32 or "
-            "bfloat16: drop compile, run one process, and use amp='bf16' or 'off' (float16 "
-            "needs a gradient scaler, which reads the device at every step)"
-        )
-
-
-def fastest_precision(config, corpus, vocab, payload, log):
-    """amp="fastest" on a CPU: the checkpoint's precision when resuming (a run keeps the
-    precision it was measured to need), else faster_precision's; logged with the reason."""
-    if payload:
-        names = {name: dtype for dtype, name in PRECISIONS.items()}
-        amp, how = names[payload["precision"]], "the checkpoint"
-    else:
-        amp = faster_precision(config, corpus, vocab)
-        how = "timed: the faster here" if native_bf16("cpu") else "bfloat16 is emulated here"
-    log(f"amp fastest: {PRECISIONS[amp]} ({how})")
-    return amp
-
-
-@contextlib.contextmanager
-def tf32_matmuls(device):
-    """On a GPU, float32 matrix products in TF32 for the duration, the old setting restored."""
-    if torch.device(device).type != "cuda":
-        yield
-        return
-    saved = torch.backends.cuda.matmul.fp32_precision
-    torch.backends.cuda.matmul.fp32_precision = "tf32"
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.fp32_precision = saved
-
-
-# --------------------------------------------------------------------------------------
-# Training with CUDA graphs (ours), from chapters/cuda_graphs.ipynb
-# --------------------------------------------------------------------------------------
-
-BUCKETS = (8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256)
-
-
-def bucket(n, buckets=BUCKETS):
-    """CUDA graphs: the smallest of `buckets` (ascending) that holds n; past the largest, the
-    next multiple of the largest, so that any n has a bucket."""
-    for size in buckets:
-        if n <= size:
-            return size
-    return -(-n // buckets[-1]) * buckets[-1]
-
-
-def bucketed_ids(corpus, indices, buckets=BUCKETS, rows=None):
-    """CUDA graphs: the source ids (size, S) and target ids (size, T + 1) of these pairs of an
-    EncodedCorpus, cut from its tables where they are: the longest source rounded up to a
-    bucket S, the longest target without <s> to a bucket T, the number of pairs to a bucket
-    `size`. The rows added are fillers that add nothing to the loss: a source of one </s>,
-    a target of <s> alone, so that every query has a real key to attend to. rows: the
-    indices as a tensor on the tables' device, when the caller has them there."""
-    if rows is None:
-        rows = torch.tensor(indices, device=corpus.src.device)
-    real, size = len(indices), bucket(len(indices), buckets)
-    sides = []
-    for side, table, first in ((0, corpus.src, EOS_ID), (1, corpus.tgt, BOS_ID)):
-        longest = max(corpus.lengths[i][side] for i in indices) - side  # target: less <s>
-        length = bucket(longest, buckets) + side
-        cut = table.narrow(1, 0, min(length, table.size(1))).index_select(0, rows)
-        cut = F.pad(cut, (0, length - cut.size(1), 0, size - real), value=corpus.pad_id)
-        cut[real:, 0].fill_(first)  # the fillers' one real token
-        sides.append(cut)
-    return sides
-
-
-def bucketed_batch(corpus, indices, buckets=BUCKETS):
-    """CUDA graphs: the Batch of bucketed_ids; its ntokens counts the real target tokens."""
-    src, tgt = bucketed_ids(corpus, indices, buckets)
-    return Batch.from_tensors(src, tgt, corpus.target_tokens(indices), corpus.pad_id)
-
-
-def device_rate(step, model_size, factor=1.0, warmup=4000):
-    """CUDA graphs: Eq. (3) as `rate` computes it, for a step count held in a tensor, computed
-    where the tensor is; step 0 counts as step 1."""
-    step = step.clamp(min=1)
-    return factor * model_size**-0.5 * torch.minimum(step.rsqrt(), step * warmup**-1.5)
-
-
-class DeviceSchedule:
-    """CUDA graphs: the learning rate of Eq. (3), kept on the device where a captured step can
-    set it. `steps` counts the updates made; `lr` is the tensor the optimizer reads, holding
-    the rate of the next update (as make_optimizer's LambdaLR keeps it). step() advances
-    both on the device; state_dict() reads the count back, for checkpoints."""
-
-    def __init__(self, optimizer, d_model, factor=1.0, warmup=4000):
-        self.lr = optimizer.param_groups[0]["lr"]
-        if not all(group["lr"] is self.lr for group in optimizer.param_groups):
-            raise ValueError("every parameter group must read the same learning-rate tensor")
-        self.steps = torch.zeros((), dtype=torch.float32, device=self.lr.device)
-        self.d_model, self.factor, self.warmup = d_model, factor, warmup
-        self.step(advance=False)
-
-    def step(self, advance=True):
-        if advance:
-            self.steps += 1
-        self.lr.copy_(device_rate(self.steps + 1, self.d_model, self.factor, self.warmup))
-
-    def state_dict(self):
-        return {"steps": int(self.steps.item())}
-
-    def load_state_dict(self, state):
-        self.steps.fill_(state["steps"])
-        self.step(advance=False)
-
-
-def make_capturable_optimizer(model, d_model, factor=1.0, warmup=4000, weight_decay=0.0):
-    """CUDA graphs: make_optimizer's AdamW and Eq. (3) for a step that can be captured: fused
-    (one kernel updates every parameter), its learning rate a float32 tensor on the
-    parameters' device that a DeviceSchedule sets, capturable on a GPU (its step counts
-    stay there too). Returns (optimizer, schedule)."""
-    device = next(model.parameters()).device
-    optimizer = torch.optim.AdamW(
-        model.parameters(),
-        lr=rate(1, d_model, factor, warmup),
-        betas=(0.9, 0.98),
-        eps=1e-9,
-        weight_decay=weight_decay,
-        fused=True,
-        capturable=device.type == "cuda",
-    )
-    lr = torch.zeros((), dtype=torch.float32, device=device)  # the fused kernel reads a float
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    return optimizer, DeviceSchedule(optimizer, d_model, factor, warmup)
-
-
-def capturable_step(model, optimizer, schedule, smoothing, amp=None):
-    """CUDA graphs: train_step as a function of tensors alone, that a CUDA graph can capture.
-    step(src, tgt, ntokens, causal): source ids (batch, S), target ids with <s> and </s>
-    (batch, T + 1), the real target tokens (a number, or a tensor on the device), and
-    subsequent_mask(T) on the device. Forward, loss per real token, backward, the optimizer's
-    and the schedule's step, gradients zeroed in place; returns [loss, nll] summed."""
-    if amp == torch.float16:
-        raise ValueError("float16 needs a gradient scaler, which reads the device: use bf16")
-
-    def step(src, tgt, ntokens, causal):
-        tgt_in, tgt_y = tgt[:, :-1], tgt[:, 1:]
-        # target_mask, its causal part made once per length, outside the step
-        masks = padding_mask(src, PAD_ID), padding_mask(tgt_in, PAD_ID) & causal
-        batch = Batch(src, tgt_in, tgt_y, *masks, ntokens)
-        precision = contextlib.nullcontext()
-        if amp:  # no cache of cast weights in a capture (make_graphed_callables refuses it)
-            precision = torch.autocast(src.device.type, amp, cache_enabled=False)
-        with precision:
-            loss, nll = forward_loss(model, batch, smoothing)
-        (loss / ntokens).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=False)  # the same gradient buffers in every replay
-        schedule.step()
-        return torch.stack([loss.detach(), nll])
-
-    return step
-
-
-@dataclass
-class StaticStep:
-    """CUDA graphs: a batch shape's input buffers, its output, and its graph once captured."""
-
-    src: torch.Tensor
-    tgt: torch.Tensor
-    ntokens: torch.Tensor
-    causal: torch.Tensor
-    sums: torch.Tensor
-    graph: typing.Any = None
-    eager_steps: int = 0
-
-
-class GraphedTrainStep:
-    """CUDA graphs: a training step replayed as one CUDA graph per batch shape, for one
-    process. runner(src, tgt, ntokens), with ids as bucketed_ids cuts them and the real
-    target tokens (a number from the host), returns [loss, nll] summed over the batch, on the
-    device, as train_step does. On a GPU the first `eager_steps` batches of a shape run
-    eagerly on a side stream (warm-up, and real updates), the next is captured, and every
-    later one is copied into the shape's buffers and replayed. A graph keeps the addresses of
-    the parameters, gradients and optimizer state: load checkpoints before the first step.
-    On a CPU (or `meta`) every batch runs the same step eagerly."""
-
-    def __init__(self, model, optimizer, schedule, smoothing, amp=None, eager_steps=3):
-        if eager_steps < 1:  # the optimizer's state must exist before a capture
-            raise ValueError(f"eager_steps must be at least 1, got {eager_steps}")
-        self.step = capturable_step(model, optimizer, schedule, smoothing, amp)
-        self.device, self.eager_steps = schedule.lr.device, eager_steps
-        self.graphed = self.device.type == "cuda"
-        self.shapes, self.masks = {}, {}
-        if self.graphed:
-            self.stream = torch.cuda.Stream(self.device)  # warm-up and capture, one stream
-            self.pool = torch.cuda.graph_pool_handle()  # one memory pool for every graph
-
-    def causal(self, length):
-        """subsequent_mask(length) on the device, made once per target length."""
-        if length not in self.masks:
-            self.masks[length] = subsequent_mask(length, self.device)
-        return self.masks[length]
-
-    def static(self, src, tgt):
-        """The buffers of this batch shape, made at its first batch."""
-        key = (*src.shape, tgt.size(1))
-        if key not in self.shapes:
-            ntokens, sums = torch.zeros((), device=self.device), torch.zeros(2, device=self.device)
-            causal = self.causal(tgt.size(1) - 1)
-            self.shapes[key] = StaticStep(
-                torch.empty_like(src), torch.empty_like(tgt), ntokens, causal, sums
-            )
-        return self.shapes[key]
-
-    def __call__(self, src, tgt, ntokens):
-        if not self.graphed:
-            return self.step(src, tgt, ntokens, self.causal(tgt.size(1) - 1))
-        static = self.static(src, tgt)
-        static.src.copy_(src)
-        static.tgt.copy_(tgt)
-        static.ntokens.fill_(ntokens)
-        inputs = static.src, static.tgt, static.ntokens, static.causal
-        if static.graph is None and static.eager_steps < self.eager_steps:
-            current = torch.cuda.current_stream(self.device)
-            self.stream.wait_stream(current)
-            with torch.cuda.stream(self.stream), warnings.catch_warnings():
-                # capturable=True warns when it runs uncaptured, as warm-up must
-                warnings.filterwarnings("ignore", "This instance was constructed with capturable")
-                static.sums.copy_(self.step(*inputs))
-            current.wait_stream(self.stream)
-            static.eager_steps += 1
-            return static.sums.clone()
-        if static.graph is None:  # capture records the step's kernels and runs none of them
-            static.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(static.graph, pool=self.pool, stream=self.stream):
-                static.sums.copy_(self.step(*inputs))
-        static.graph.replay()
-        return static.sums.clone()  # the next replay overwrites static.sums
-
-
-# --------------------------------------------------------------------------------------
-# Fast decoding (ours), from chapters/fast_decoding.ipynb
-# --------------------------------------------------------------------------------------
-
-class AttentionCache:
-    """Fast decoding: the keys (rows, h, positions, d_k) and values (rows, h, positions, d_v)
-    of one masked self-attention, kept while the decoder produces one token at a time. They
-    are the filled part of buffers with room for more positions, written in place."""
-
-    room = 32  # positions a new buffer holds beyond those it is made for
-
-    def __init__(self):
-        self.keys = self.values = self.buffers = None
-
-    def append(self, key, value):
-        """Add the new positions' keys and values after those kept; return all kept."""
-        start = 0 if self.keys is None else self.keys.size(2)
-        end = start + key.size(2)
-        if self.buffers is None or end > self.buffers[0].size(2):
-            # torch.cat would copy everything kept at every step: copy only when a buffer fills
-            grown = [x.new_empty(*x.shape[:2], end + self.room, x.size(-1)) for x in (key, value)]
-            if start:
-                for buffer, old in zip(grown, (self.keys, self.values)):
-                    buffer[:, :, :start] = old
-            self.buffers = grown
-        for buffer, new in zip(self.buffers, (key, value)):
-            buffer[:, :, start:end] = new
-        self.keys, self.values = (buffer[:, :, :end] for buffer in self.buffers)
-        return self.keys, self.values
-
-    def reorder(self, rows):
-        """Row j becomes what row rows[j] was, in new buffers (beam search's first step)."""
-        self.buffers = [buffer.index_select(0, rows) for buffer in self.buffers]
-        self.keys, self.values = (b[:, :, : self.keys.size(2)] for b in self.buffers)
-
-    def copy_rows(self, source, target):
-        """Copy row source[i] over row target[i], in place; no target may be a source."""
-        for kept in (self.keys, self.values):
-            kept.index_copy_(0, target, kept.index_select(0, source))
-
-
-def grouped_attention(attn, x, key, value, mask=None):
-    """Fast decoding: MultiHeadedAttention `attn` for one new position per row, x (batch, 1,
-    d_model), against keys (rows, h, seq_k, d_k) and values (rows, h, seq_k, d_v) already
-    projected, mask (rows, 1, seq_k) or None -> (batch, 1, d_model). batch is a multiple of
-    rows: queries b * group ... (b + 1) * group - 1 read key row b (beam search's group of
-    hypotheses of sentence b, its one memory)."""
-    rows, group = key.size(0), x.size(0) // key.size(0)
-    # (rows * group, 1, h * d_k) -> (rows, h, group, d_k): one key row's queries side by side
-    query = attn.w_q(x).view(rows, group, attn.h, attn.d_k).transpose(1, 2)
-    if mask is not None:
-        mask = mask.unsqueeze(1)  # (rows, 1, 1, seq_k): for every head and every query
-    out, _ = attention(query, key, value, mask, attn.dropout)
-    # (rows, h, group, d_v) -> (rows * group, 1, h * d_v): Concat(head_1, ..., head_h)
-    return attn.w_o(out.transpose(1, 2).reshape(-1, 1, attn.h * attn.d_v))
-
-
-def decoder_layer_step(layer, x, kept, memory_keys, memory_values, src_mask):
-    """DecoderLayer.forward for one new position per row, x (rows, 1, d_model), with its
-    caches: kept, the AttentionCache of its masked self-attention; the memory's keys and
-    values, projected once (one row per sentence)."""
-
-    def self_attention(x):
-        attn = layer.self_attn
-        key, value = (
-            attn.split_heads(attn.w_k(x), attn.d_k),
-            attn.split_heads(attn.w_v(x), attn.d_v),
-        )
-        return grouped_attention(attn, x, *kept.append(key, value))
-
-    x = layer.sublayer[0](x, self_attention)
-    x = layer.sublayer[1](
-        x, lambda x: grouped_attention(layer.src_attn, x, memory_keys, memory_values, src_mask)
-    )
-    return layer.sublayer[2](x, layer.feed_forward)
-
-
-@torch.no_grad()  # the cache is written in place, which gradients cannot pass through
-def decode_step(model, tokens, cache):
-    """EncoderDecoder.decode with a KeyValueCache: one token per row, tokens (rows, 1), at
-    position cache.length; returns the next token's log-probabilities (rows, vocab)."""
-    embed, position = model.tgt_embed
-    x = position(embed(tokens), offset=cache.length)
-    for layer, kept, (key, value) in zip(model.decoder.layers, cache.self_attn, cache.memory):
-        x = decoder_layer_step(layer, x, kept, key, value, cache.src_mask)
-    cache.length += 1
-    return model.generator(model.decoder.norm(x)[:, -1])
-
-
-class KeyValueCache:
-    """Fast decoding: what the decoder keeps so that each step feeds one new token. Per
-    layer, an AttentionCache for masked self-attention (one row per hypothesis) and the
-    memory's keys and values (one row per sentence); `length`, the positions fed so far.
-    A decoder for greedy_decode and beam_search, as PrefixDecoder (§6.1) is."""
-
-    def __init__(self, model, memory, src_mask):
-        self.model, self.src_mask, self.length = model, src_mask, 0
-        self.self_attn = [AttentionCache() for _ in model.decoder.layers]
-        with torch.no_grad():  # contiguous: every step's products read them as they are
-            self.memory = [
-                (a.split_heads(a.w_k(memory), a.d_k), a.split_heads(a.w_v(memory), a.d_v))
-                for a in (layer.src_attn for layer in model.decoder.layers)
-            ]
-            self.memory = [(key.contiguous(), value.contiguous()) for key, value in self.memory]
-
-    def next_log_probs(self, ys):
-        """The next token's log-probabilities after ys (rows, t): ys' last token is new."""
-        return decode_step(self.model, ys[:, -1:], self)
-
-    def slots(self, kept, parent, k):
-        return beam_slots(kept, parent, k)
-
-    def follow(self, rows, moved):
-        """Row j of the self-attention caches takes what row rows[j] held, after a step of
-        beam search; moved[j]: whether rows[j] != j. The first step widens one row per
-        sentence to k; later ones copy only the rows that moved."""
-        if rows.numel() != self.self_attn[0].keys.size(0):
-            for kept in self.self_attn:
-                kept.reorder(rows)
-            return
-        target = [j for j, m in enumerate(moved) if m]
-        target = torch.tensor(target, dtype=torch.long, device=rows.device)
-        for kept in self.self_attn:
-            kept.copy_rows(rows[target], target)
-
-
-def beam_slots(kept, parent, k):
-    """Fast decoding: where beam search puts the candidates it keeps. kept (batch, c) bool
-    over each sentence's candidates, best first; parent (batch, c), the row in 0..k-1 of
-    its sentence that each extends. A parent's first kept extension takes over the parent's
-    own row, so its cached keys and values stay where they are; further extensions of the
-    same parent take, in order, the rows of hypotheses that nothing extends, and only those
-    rows are copied. Returns slot (batch, c) in 0..k-1, or k where not kept."""
-    c = kept.size(-1)
-    earlier = torch.ones(c, c, dtype=torch.bool, device=kept.device).tril(-1)  # j ranks above i
-    sibling = (parent.unsqueeze(-1) == parent.unsqueeze(-2)) & kept.unsqueeze(-2) & earlier
-    first = kept & ~sibling.any(dim=-1)  # the best kept extension of its parent
-    extra = kept & ~first
-    rows = torch.arange(k, device=kept.device)
-    extended = ((parent.unsqueeze(-1) == rows) & kept.unsqueeze(-1)).any(dim=1)  # (batch, k)
-    free = torch.where(extended, k, rows).sort(dim=-1).values  # rows nothing extends, first
-    extra_slot = free.gather(1, (extra.cumsum(dim=-1) - 1).clamp(min=0))
-    return torch.where(first, parent, torch.where(extra, extra_slot, k))

@@ -32,6 +32,8 @@ import torch
 
 import annotated_transformer as at
 import cli
+import engineering_runs as eng
+import fast_decoding as fd
 
 KINDS = ("encoder_self", "decoder_self", "encoder_decoder")
 
@@ -138,7 +140,9 @@ def extract(model, tokenizer, sentences, beam_size=4, alpha=0.6):
     every layer and head as tensors (see attention_weights). The target ids are the
     translation encoded again, ending in </s>: the tokens the model produced whenever its
     output is the usual encoding of its own text, as a trained model's nearly always is."""
-    translations = at.translate(model, tokenizer, sentences, beam_size, alpha)
+    translations = at.translate(
+        model, tokenizer, sentences, beam_size, alpha, decode=fd.fast_decode_batch
+    )
     sources = [tokenizer.encode(s).ids + [at.EOS_ID] for s in sentences]
     targets = [tokenizer.encode(t).ids + [at.EOS_ID] for t in translations]
     weights = attention_weights(model, sources, targets)
@@ -411,9 +415,9 @@ def main(argv=None):
     )
     args = parser.parse_args(argv)
     cli.set_threads(1)
-    splits = {split: at.load_multi30k(split, data_dir=args.data_dir) for split, *_ in SENTENCES}
+    splits = {split: eng.load_multi30k(split, data_dir=args.data_dir) for split, *_ in SENTENCES}
     chosen = [(split, i, why, links, *splits[split][i]) for split, i, why, links in SENTENCES]
-    val = splits.get("val") or at.load_multi30k("val", data_dir=args.data_dir)
+    val = splits.get("val") or eng.load_multi30k("val", data_dir=args.data_dir)
     sample = [de for de, _ in val[: args.sample]]
     options = {"beam_size": args.beam_size, "alpha": args.alpha}
     paths = [*args.also, args.checkpoint]

@@ -39,6 +39,9 @@ from torch.utils.benchmark import Compare, Measurement, Timer
 
 import annotated_transformer as at
 import cli
+import cuda_graphs as graphs
+import engineering_runs as eng
+import fast_decoding as fd
 
 SCHEMA = 3  # 3: profile configurations (real batches), updates per call
 NEVER = -1  # an end symbol no token id can equal: decoding runs its full length
@@ -61,10 +64,10 @@ class BenchConfig:
 
 @dataclass(frozen=True)
 class ProfileBench:
-    """A training profile's model with its recipe (at.PROFILES[profile]) at its real batch:
+    """A training profile's model with its recipe (eng.PROFILES[profile]) at its real batch:
     `batches` batches of at.batch_by_tokens(lengths, max_tokens, seed) over the profile's
     training pairs, which `corpus` names: "multi30k" (Multi30k's training split, read by
-    at.load_multi30k) or "stand-in" (a few made-up pairs, for smoke runs only)."""
+    eng.load_multi30k) or "stand-in" (a few made-up pairs, for smoke runs only)."""
 
     name: str
     profile: str
@@ -80,7 +83,7 @@ CONFIGS = {
     "multi30k": ProfileBench("multi30k", "multi30k", "multi30k"),
     # every code path in seconds: for --quick and the tests, not for conclusions
     "tiny": BenchConfig(
-        "tiny", replace(at.PROFILES["tiny"].model, share_embeddings=False), 64, 4, 6
+        "tiny", replace(eng.PROFILES["tiny"].model, share_embeddings=False), 64, 4, 6
     ),
     "tiny-profile": ProfileBench("tiny-profile", "tiny", "stand-in", 2),
 }
@@ -207,10 +210,10 @@ class TorchTransformer(nn.Module):
 
 
 def bf16_native(device):
-    """Whether `device` multiplies bf16 natively (at.native_bf16: a GPU of compute capability
+    """Whether `device` multiplies bf16 natively (eng.native_bf16: a GPU of compute capability
     8.0 or later, a CPU with AVX-512 BF16 or AMX); elsewhere bf16 autocast only converts,
     slower than fp32."""
-    return at.native_bf16(device)
+    return eng.native_bf16(device)
 
 
 def random_ids(bench, seed=0):
@@ -225,7 +228,8 @@ def random_ids(bench, seed=0):
 
 def random_batch(bench, device, seed=0):
     """random_ids as a Batch on `device`."""
-    return at.Batch.from_tensors(*random_ids(bench, seed), bench.batch * bench.seq).to(device)
+    src, tgt = (ids.to(device) for ids in random_ids(bench, seed))
+    return at.Batch.from_tensors(src, tgt, bench.batch * bench.seq)
 
 
 def bench_flops(bench):
@@ -250,7 +254,7 @@ def training_rows(bench, device, bf16, compile=False):
         scaler = torch.amp.GradScaler(device.type, enabled=False)  # bf16 needs no scaling
 
         def work():
-            at.train_step(model, batch, optimizer, scheduler, scaler, 0.1, amp=amp)
+            eng.train_step_amp(model, batch, optimizer, scheduler, scaler, 0.1, amp=amp)
 
         return Row(key, label, work, batch.ntokens, flops, 1)
 
@@ -277,14 +281,14 @@ def training_rows(bench, device, bf16, compile=False):
 
 
 def graphed_row(bench, model, device, amp=None, eager_steps=3):
-    """The same step replayed as one CUDA graph (at.GraphedTrainStep, the CUDA graphs page):
+    """The same step replayed as one CUDA graph (graphs.GraphedTrainStep, the CUDA graphs page):
     capturable fused AdamW, the learning rate on the device. Its warm-up steps and the
     capture happen here, before any timing; on a CPU the step runs eagerly."""
     src, tgt = (ids.to(device) for ids in random_ids(bench))  # random_batch's, kept whole
     ntokens = bench.batch * bench.seq
     model.to(device).train()
-    optimizer, schedule = at.make_capturable_optimizer(model, bench.model.d_model)
-    runner = at.GraphedTrainStep(model, optimizer, schedule, 0.1, amp, eager_steps)
+    optimizer, schedule = graphs.make_capturable_optimizer(model, bench.model.d_model)
+    runner = graphs.GraphedTrainStep(model, optimizer, schedule, 0.1, amp, eager_steps)
     for _ in range(eager_steps + 1):  # the eager warm-up, then the capture
         runner(src, tgt, ntokens)
 
@@ -316,7 +320,7 @@ def stand_in_pairs(count=48, seed=0):
 def profile_pairs(bench):
     """The training pairs of a ProfileBench: Multi30k's training split, or the stand-in."""
     if bench.corpus == "multi30k":
-        return at.load_multi30k("train")
+        return eng.load_multi30k("train")
     if bench.corpus == "stand-in":
         return stand_in_pairs()
     raise ValueError(f"corpus must be 'multi30k' or 'stand-in', got {bench.corpus!r}")
@@ -373,7 +377,7 @@ class ProfileData:
 def profile_data(bench, cache=None):
     """Read and encode a ProfileBench's pairs with a BPE vocabulary of the profile's size
     (learned once, then read from `cache`/<digest of the pairs>/), and choose its batches."""
-    config = at.PROFILES[bench.profile]
+    config = eng.PROFILES[bench.profile]
     pairs = profile_pairs(bench)
     digest = pairs_digest(pairs)
     folder = pathlib.Path(cache or default_tokenizer_cache()) / digest[:16]
@@ -407,12 +411,13 @@ def profile_data(bench, cache=None):
 
 def profile_rows(data, device, bf16):
     """Rows that train the profile's model, ours and nn.Transformer's twin, from the same
-    seed with the profile's optimizer and label smoothing: each call one at.train_step on
+    seed with the profile's optimizer and label smoothing: each call one train_step_amp on
     each chosen batch, in order; in float32, and with `bf16` both again in bf16 autocast."""
     config = data.config
     model = replace(config.model, fused=True)  # training's path (the profiles' default)
     vocab = data.tokenizer.get_vocab_size()
-    batches = [data.corpus.batch(indices, device) for indices in data.chosen]
+    corpus = eng.corpus_on(data.corpus, device)
+    batches = [corpus.batch(indices) for indices in data.chosen]
     # counted on the host from the lengths, whatever the batches keep on their device
     tokens = sum(data.corpus.target_tokens(indices) for indices in data.chosen)
     flops = sum(data.step_flops())
@@ -427,7 +432,7 @@ def profile_rows(data, device, bf16):
 
         def work():
             for batch in batches:
-                at.train_step(
+                eng.train_step_amp(
                     network, batch, optimizer, scheduler, scaler, config.smoothing, amp=amp
                 )
 
@@ -469,10 +474,10 @@ def decoding_rows(bench, device):
         return Row(key, label, work, bench.batch * steps)
 
     return [
-        row("decode/greedy-nocache", "greedy, no cache", at.greedy_decode, False),
-        row("decode/greedy-cache", "greedy, key/value cache", at.greedy_decode, True),
-        row("decode/beam-nocache", "beam 4, no cache", at.beam_search, False, **beam),
-        row("decode/beam-cache", "beam 4, key/value cache", at.beam_search, True, **beam),
+        row("decode/greedy-nocache", "greedy, no cache", fd.fast_greedy_decode, False),
+        row("decode/greedy-cache", "greedy, key/value cache", fd.fast_greedy_decode, True),
+        row("decode/beam-nocache", "beam 4, no cache", fd.fast_beam_search, False, **beam),
+        row("decode/beam-cache", "beam 4, key/value cache", fd.fast_beam_search, True, **beam),
     ]
 
 
@@ -691,7 +696,7 @@ def main(argv=None, log=None):
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "settings": settings,
         "hardware": {
-            "description": at.hardware_description(device),
+            "description": eng.hardware_description(device),
             "cpu_count": os.cpu_count(),
             "bf16_native": bf16_native(device),
             "gpu": gpu,

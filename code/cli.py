@@ -21,10 +21,11 @@ import docstring_parser
 import torch
 
 import annotated_transformer as at
+import engineering_runs as eng
 
 # what a user can cause by what they typed or pointed at: bad values, missing or damaged
 # files, a busy folder, a read-only or full disk
-USER_ERRORS = (ValueError, TypeError, OSError, at.DatasetError)
+USER_ERRORS = (ValueError, TypeError, OSError, eng.DatasetError)
 
 
 def integer_at_least(minimum, what):
@@ -85,7 +86,7 @@ def given_path(text):
 
 def device(text):
     try:
-        at.check_device(text)
+        eng.check_device(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return text
@@ -134,12 +135,15 @@ def user_errors_exit_2(name):
 def field_help(cls):
     """{field: help} from the "Attributes:" section of a dataclass's docstring, read by
     docstring_parser (Google style: `name: what it is`, continued on indented lines)."""
-    parsed = docstring_parser.parse(cls.__doc__ or "")
-    return {
-        param.arg_name: " ".join(param.description.split())
-        for param in parsed.params
-        if param.args[0] == "attribute" and param.description
-    }
+    helps = {}
+    for klass in reversed(cls.__mro__):  # a subclass's Attributes add to its parent's
+        parsed = docstring_parser.parse(klass.__doc__ or "")
+        helps.update(
+            (param.arg_name, " ".join(param.description.split()))
+            for param in parsed.params
+            if param.args[0] == "attribute" and param.description
+        )
+    return helps
 
 
 def field_type(cls, name):
@@ -150,10 +154,10 @@ def field_type(cls, name):
 
 
 def config_fields(classes=None):
-    """(field name, dataclass) for every field of the classes (default: TrainConfig and
+    """(field name, dataclass) for every field of the classes (default: RunConfig and
     ModelConfig, looked up when called), except the fields that hold another of them
-    (TrainConfig.model); a name in two classes would be one flag for both."""
-    classes = classes or (at.TrainConfig, at.ModelConfig)
+    (RunConfig.model); a name in two classes would be one flag for both."""
+    classes = classes or (eng.RunConfig, at.ModelConfig)
     found = [
         (f.name, cls)
         for cls in classes
@@ -170,7 +174,7 @@ def config_fields(classes=None):
 def add_config_flags(parser, classes=None):
     """One flag per config field (--d-model for d_model), its help from the class docstring,
     default None (= keep the profile's value); booleans as --pre-norm / --no-pre-norm."""
-    classes = classes or (at.TrainConfig, at.ModelConfig)
+    classes = classes or (eng.RunConfig, at.ModelConfig)
     group = parser.add_argument_group(
         "recipe and model (each overrides the profile; names as in "
         + " and ".join(cls.__name__ for cls in classes)
@@ -198,9 +202,9 @@ def given_changes(args, classes=None):
 
 
 def command_for(config, profile="quick"):
-    """The train.py command that turns the profile into `config` (a TrainConfig): one flag
+    """The train.py command that turns the profile into `config` (a RunConfig): one flag
     for each field that differs from the profile's."""
-    base, flags = at.PROFILES[profile], [f"--profile {profile}"]
+    base, flags = eng.PROFILES[profile], [f"--profile {profile}"]
     for name, cls in config_fields():
         owner, base_owner = (config.model, base.model) if cls is at.ModelConfig else (config, base)
         value = getattr(owner, name)

@@ -28,6 +28,8 @@ import torch
 
 import annotated_transformer as at
 import cli
+import engineering_runs as eng
+import fast_decoding as fd
 
 
 def parse_args(argv=None):
@@ -94,7 +96,7 @@ def smoothed_history(history, every=10):
 @cli.user_errors_exit_2("evaluate.py")
 def main(argv=None):
     args = parse_args(argv)
-    snapshots = at.snapshot_paths(args.run)
+    snapshots = eng.snapshot_paths(args.run)
     if not snapshots:
         raise FileNotFoundError(f"no checkpoint-<step>.pt in {args.run}: not a training run")
     until = None  # with --within-hours: the validation figures of the last snapshot kept
@@ -102,7 +104,7 @@ def main(argv=None):
         kept = snapshots_within(snapshots, args.within_hours * 3600)
         snapshots, until = [path for path, _ in kept], kept[-1][1]
     cli.own_folder(args.out, args.run)
-    with at.RunFolder(args.out, resume=True):
+    with eng.RunFolder(args.out, resume=True):
         settings = ("average", "alphas", "device", "batch_size", "limit", "dtype", "hardware")
         evaluate(args.run, args.out, snapshots, until=until, **{k: vars(args)[k] for k in settings})
     return 0
@@ -133,7 +135,9 @@ def choose_alpha(model, tokenizer, pairs, alphas, batch_size=64):
     the references'): (alpha, [{"alpha", "sacreBLEU", "length ratio"}])."""
     scores = []
     for alpha in alphas:
-        figures = at.evaluate_bleu(model, tokenizer, pairs, 4, alpha, batch_size)
+        figures = at.evaluate_bleu(
+            model, tokenizer, pairs, 4, alpha, batch_size, fd.fast_decode_batch
+        )
         scores.append(
             {"alpha": alpha, "sacreBLEU": figures["bleu"], "length ratio": figures["length_ratio"]}
         )
@@ -155,7 +159,9 @@ def score_table(weights, sets, alpha, device, batch_size):
         model, tokenizer = at.load_checkpoint(path, device)
         for split, pairs in sets.items():
             for beam_size in (1, 4):
-                scores = at.evaluate_bleu(model, tokenizer, pairs, beam_size, alpha, batch_size)
+                scores = at.evaluate_bleu(
+                    model, tokenizer, pairs, beam_size, alpha, batch_size, fd.fast_decode_batch
+                )
                 signature = scores["signature"]
                 decoding = at.decoding_label(beam_size, alpha)
                 rows.append(
@@ -216,9 +222,9 @@ def evaluate(
         name: tensor.to(getattr(torch, dtype)) if tensor.is_floating_point() else tensor
         for name, tensor in averaged["model"].items()
     }
-    at.save_checkpoint(averaged_path, averaged)
+    eng.save_checkpoint(averaged_path, averaged)
     label = f"average of last {len(averaged['averaged_steps'])}"
-    sets = {split: at.load_multi30k(split)[:limit] for split in ("val", "test2016")}
+    sets = {split: eng.load_multi30k(split)[:limit] for split in ("val", "test2016")}
     alpha, alpha_on_val = alphas[0], None
     if len(alphas) > 1:  # test2016 is only ever decoded at the alpha val chose
         model, tokenizer = at.load_checkpoint(averaged_path, device)
@@ -233,7 +239,7 @@ def evaluate(
         "averaged_steps": averaged["averaged_steps"],
         "train_hours": round(seconds / 3600, 2),
         "train_seconds": round(seconds, 1),
-        "hardware": hardware or at.hardware_description(device),
+        "hardware": hardware or eng.hardware_description(device),
         "signature": signature,
         "sentences": {split: len(pairs) for split, pairs in sets.items()},
         "alpha": alpha,
@@ -241,7 +247,7 @@ def evaluate(
         "results": rows,
         "samples": samples,
     }
-    at.write_json(out / "evaluation.json", evaluation)
+    eng.write_json(out / "evaluation.json", evaluation)
     metrics = {
         "every": 10,
         "history": smoothed_history(state["history"]),

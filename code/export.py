@@ -1,8 +1,13 @@
-"""Literate export: build code/annotated_transformer.py from the chapters' cells whose
-first line is exactly `#| export`, in _toc.yml order, and re-execute chapters.
+"""Literate export: build the modules of code/ from the chapters' cells whose first line is
+exactly `#| export`, in _toc.yml order, and re-execute chapters.
 
-    python code/export.py           # regenerate the module
-    python code/export.py --check   # exit 1, with a diff, if the module is out of date
+The paper's pages (the first part of _toc.yml) build one module, code/annotated_transformer.py.
+Every other page with exported cells builds a module of its own, named after the page
+(chapters/fast_decoding.ipynb -> code/fast_decoding.py); such a module imports the paper's,
+never the other way round.
+
+    python code/export.py           # regenerate the modules
+    python code/export.py --check   # exit 1, with a diff, if a module is out of date
     python code/export.py --execute chapters/03_5_*.ipynb   # regenerate, then re-execute
     python code/export.py --execute                          # ... every chapter, in order
 
@@ -33,27 +38,39 @@ GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
 `python code/export.py` (or `python code/export.py --execute`, which also re-executes).
 """
 '''
+PAGE_HEADER = '''"""{title}: the code of chapters/{page}.ipynb.
+
+GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
+`#| export` in chapters/{page}.ipynb; change the page, then run `python code/export.py`.
+"""
+'''
 
 
 class ExportError(Exception):
     pass
 
 
+def _walk(entries, files):
+    for entry in entries:
+        if "file" in entry:
+            files.append(entry["file"])
+        _walk(entry.get("sections", []), files)
+    return files
+
+
 def toc_files(root=ROOT):
     """The files of _toc.yml in reading order (root first, sections depth-first)."""
     toc = yaml.safe_load((root / "_toc.yml").read_text())
     files = [toc["root"]]
-
-    def walk(entries):
-        for entry in entries:
-            if "file" in entry:
-                files.append(entry["file"])
-            walk(entry.get("sections", []))
-
     for part in toc.get("parts", []):
-        walk(part.get("chapters", []))
-    walk(toc.get("chapters", []))
-    return files
+        _walk(part.get("chapters", []), files)
+    return _walk(toc.get("chapters", []), files)
+
+
+def paper_files(root=ROOT):
+    """The files of _toc.yml's first part, the paper's pages, in reading order."""
+    toc = yaml.safe_load((root / "_toc.yml").read_text())
+    return _walk(toc["parts"][0]["chapters"], [])
 
 
 def _is_allowed(node):
@@ -115,19 +132,33 @@ def _title(notebook_path):
     return notebook_path.stem
 
 
+def _section(path, root):
+    banner = f"# {'-' * 86}\n# {_title(path)}, from {path.relative_to(root)}\n# {'-' * 86}"
+    body = "\n\n\n".join(body for _, body in exported_cells(path))
+    return "\n\n" + banner + "\n\n" + body + "\n"
+
+
 def generate(root=ROOT):
-    """The module's text, built from the chapters."""
+    """The paper's module, built from the exported cells of the paper's pages."""
     text = HEADER
+    for file in paper_files(root):
+        path = root / f"{file}.ipynb"
+        if path.exists() and exported_cells(path):
+            text += _section(path, root)
+    return text
+
+
+def generate_all(root=ROOT):
+    """{module path: text} for the paper's module and each back-matter page's module."""
+    modules = {MODULE if root == ROOT else root / "code" / MODULE.name: generate(root)}
+    paper = set(paper_files(root))
     for file in toc_files(root):
         path = root / f"{file}.ipynb"
-        if not path.exists():
+        if file in paper or not path.exists() or not exported_cells(path):
             continue
-        cells = exported_cells(path)
-        if not cells:
-            continue
-        banner = f"# {'-' * 86}\n# {_title(path)}, from {path.relative_to(root)}\n# {'-' * 86}"
-        text += "\n\n" + banner + "\n\n" + "\n\n\n".join(body for _, body in cells) + "\n"
-    return text
+        header = PAGE_HEADER.format(title=_title(path), page=path.stem)
+        modules[root / "code" / f"{path.stem}.py"] = header + _section(path, root)
+    return modules
 
 
 KERNEL = {"display_name": "Python 3", "language": "python", "name": "python3"}
@@ -183,27 +214,33 @@ def main(argv=None):
     parser.add_argument("--timeout", type=int, default=1200, help="seconds per cell")
     args = parser.parse_args(argv)
     try:
-        text = generate()
+        modules = generate_all()
     except ExportError as error:
         print(f"export: {error}", file=sys.stderr)
         return 2
-    current = MODULE.read_text() if MODULE.exists() else ""
+    stale = {}
+    for path, text in modules.items():
+        current = path.read_text() if path.exists() else ""
+        if current != text:
+            stale[path] = current
     if args.check:
-        if current == text:
-            print(f"{_shown(MODULE)} is up to date with chapters/")
-            return 0
-        diff = difflib.unified_diff(
-            current.splitlines(keepends=True),
-            text.splitlines(keepends=True),
-            f"{_shown(MODULE)} (committed)",
-            "generated from chapters/",
-        )
-        sys.stdout.writelines(diff)
-        print(f"\n{_shown(MODULE)} differs from the chapters: run `python code/export.py`")
-        return 1
-    if current != text:
-        MODULE.write_text(text)
-    print(f"wrote {_shown(MODULE)}" if current != text else "module already up to date")
+        for path, current in stale.items():
+            diff = difflib.unified_diff(
+                current.splitlines(keepends=True),
+                modules[path].splitlines(keepends=True),
+                f"{_shown(path)} (committed)",
+                "generated from chapters/",
+            )
+            sys.stdout.writelines(diff)
+            print(f"\n{_shown(path)} differs from the chapters: run `python code/export.py`")
+        if not stale:
+            print(f"{', '.join(str(_shown(p)) for p in modules)} are up to date with chapters/")
+        return 1 if stale else 0
+    for path in stale:
+        path.write_text(modules[path])
+        print(f"wrote {_shown(path)}")
+    if not stale:
+        print("modules already up to date")
     if args.execute is not None:
         paths = args.execute or [
             ROOT / f"{file}.ipynb" for file in toc_files() if (ROOT / f"{file}.ipynb").exists()

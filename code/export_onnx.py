@@ -36,6 +36,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import annotated_transformer as at
 import cli
+import engineering_runs as eng
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "results" / "multi30k" / "averaged.pt"
@@ -229,7 +230,7 @@ def parse_args(argv=None):
 @cli.user_errors_exit_2("export_onnx.py")
 def main(argv=None):
     args = parse_args(argv)
-    examples = [german for german, _ in at.load_multi30k("val")[:EXAMPLES]]
+    examples = [german for german, _ in eng.load_multi30k("val")[:EXAMPLES]]
     sizes = export(args.checkpoint, args.out, examples)
     for name, size in sizes.items():
         print(f"{args.out / name}: {size / 2**20:.1f} MiB")

@@ -28,10 +28,11 @@ import time
 
 import annotated_transformer as at
 import cli
+import engineering_runs as eng
 
 # where the search starts: a 3-layer model of width 256, Eq. (3) peaking near 1e-3
-START = at.apply_changes(
-    at.PROFILES["quick"],
+START = eng.apply_changes(
+    eng.PROFILES["quick"],
     {
         "N": 3,
         "h": 8,
@@ -95,11 +96,11 @@ def train_until(folder, config, budget, tokenizer, pairs, val_pairs, log):
     while state["cpu_seconds"] < budget:
         resume = (folder / "checkpoint.pt").exists()
         step = at.read_checkpoint(folder / "checkpoint.pt")["step"] if resume else 0
-        chunk = at.apply_changes(config, {"max_steps": step + config.eval_every})
+        chunk = eng.apply_changes(config, {"max_steps": step + config.eval_every})
         start = time.process_time()
-        at.train(chunk, pairs, folder, tokenizer, val_pairs, resume=resume, log=log)
+        eng.train(chunk, pairs, folder, tokenizer, val_pairs, resume=resume, log=log)
         state["cpu_seconds"] += time.process_time() - start
-        at.write_json(folder / "search.json", state)
+        eng.write_json(folder / "search.json", state)
     metrics = json.loads((folder / "metrics.json").read_text())
     return metrics, state["cpu_seconds"]
 
@@ -143,8 +144,8 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     cli.set_threads(args.threads)
-    pairs = at.load_multi30k("train", data_dir=args.data_dir)
-    val_pairs = at.load_multi30k("val", data_dir=args.data_dir)
+    pairs = eng.load_multi30k("train", data_dir=args.data_dir)
+    val_pairs = eng.load_multi30k("val", data_dir=args.data_dir)
     tokenizer_for = cli.tokenizers(pairs, args.out)  # one vocabulary per size, on disk
     with cli.log_to(args.out / "search.log", echo=None) as log:
         alive = list(args.trials or TRIALS)
@@ -168,7 +169,7 @@ def rung_row(args, trial, rung, minutes, data, tokenizer_for, log):
     if done:
         return done[0]
     pairs, val_pairs = data
-    config = at.apply_changes(START, TRIALS[trial])
+    config = eng.apply_changes(START, TRIALS[trial])
     wall = time.perf_counter()
     folder = args.out / "trials" / folder_name(trial)
     tokenizer = tokenizer_for(config.vocab_size)
@@ -189,7 +190,7 @@ def rung_row(args, trial, rung, minutes, data, tokenizer_for, log):
         "params": at.count_parameters(model),
         "changes": json.dumps(TRIALS[trial]),
         "command": cli.command_for(config),
-        "hardware": at.hardware_description(),
+        "hardware": eng.hardware_description(),
     }
     record(row, table, args.csv)
     log(f"rung {rung} {trial}: {row}")

@@ -26,8 +26,8 @@ import sys
 import torch
 from tqdm import tqdm
 
-import annotated_transformer as at
 import cli
+import engineering_runs as eng
 
 
 def parse_args(argv=None):
@@ -36,7 +36,7 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--profile",
-        choices=sorted(at.PROFILES),
+        choices=sorted(eng.PROFILES),
         default="multi30k",
         help="multi30k (default): the recipe chosen on validation data (hours on a CPU, "
         "minutes on a GPU); quick: a small model the chapters train live on a CPU; base: the "
@@ -52,7 +52,7 @@ def parse_args(argv=None):
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     parser.add_argument(
         "--amp",
-        choices=at.AMP_CHOICES,
+        choices=eng.AMP_CHOICES,
         default=None,
         help="mixed precision: auto = bf16 on GPUs of compute capability 8.0 and up, fp16 with "
         "a gradient scaler on older GPUs, float32 on a CPU; fastest = auto on a GPU, and on a "
@@ -81,7 +81,7 @@ def amp_from_args(args):
 
 def config_from_args(args):
     """The profile with every config flag that was given applied (apply_changes)."""
-    return at.apply_changes(at.PROFILES[args.profile], cli.given_changes(args))
+    return eng.apply_changes(eng.PROFILES[args.profile], cli.given_changes(args))
 
 
 def start_distributed(device):
@@ -100,10 +100,10 @@ def start_distributed(device):
 def main(argv=None):
     args = parse_args(argv)
     config = config_from_args(args)
-    pairs = at.load_multi30k("train", data_dir=args.data_dir)
-    val_pairs = None if args.no_validation else at.load_multi30k("val", data_dir=args.data_dir)
+    pairs = eng.load_multi30k("train", data_dir=args.data_dir)
+    val_pairs = None if args.no_validation else eng.load_multi30k("val", data_dir=args.data_dir)
     device = start_distributed(args.device)
-    rank, world = at.distributed_rank_and_size()
+    rank, world = eng.distributed_rank_and_size()
     # only rank 0 writes the log; tqdm.write puts a message above the progress bar
     with cli.log_to(args.out / "train.log" if rank == 0 else None, echo=tqdm.write) as log:
         if rank == 0:
@@ -114,7 +114,7 @@ def main(argv=None):
                 f"device {device}, amp {amp_from_args(args)}, compile {args.compile}: {config}"
             )
         try:
-            at.train(
+            eng.train(
                 config,
                 pairs,
                 args.out,

@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 import annotated_transformer as at
 import cli
+import fast_decoding as fd
 
 SHIPPED = pathlib.Path(__file__).resolve().parent.parent / "results" / "multi30k" / "averaged.pt"
 
@@ -153,7 +154,10 @@ def translate_all(model, tokenizer, sentences, encoded, beam_size, alpha, batch_
         chunk = order[start : start + batch_size]
         batch = [sentences[i] for i in chunk]
         for i, text in zip(
-            chunk, at.translate(model, tokenizer, batch, beam_size, alpha, batch_size)
+            chunk,
+            at.translate(
+                model, tokenizer, batch, beam_size, alpha, batch_size, fd.fast_decode_batch
+            ),
         ):
             results[i] = text
         bar.update(len(chunk))

@@ -35,6 +35,8 @@ from dataclasses import dataclass, replace
 
 import annotated_transformer as at
 import cli
+import engineering_runs as eng
+import fast_decoding as fd
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class Scale:
     rows missing here are not run), and how the runs are scored."""
 
     name: str
-    base: at.TrainConfig
+    base: eng.RunConfig
     rows: dict
     beam_size: int
     bleu_sentences: int | None  # the first this many val sentences; None: all of val
@@ -83,7 +85,7 @@ CPU_ROWS = {
 SCALES = {
     "cpu": Scale(
         name="cpu",
-        base=replace(at.PROFILES["multi30k"], max_steps=2000),
+        base=replace(eng.PROFILES["multi30k"], max_steps=2000),
         rows=CPU_ROWS,
         beam_size=1,
         bleu_sentences=None,
@@ -91,7 +93,7 @@ SCALES = {
     ),
     "gpu": Scale(
         name="gpu",
-        base=at.PROFILES["base"],
+        base=eng.PROFILES["base"],
         rows={row.label: row.changes for row in at.TABLE3_ROWS},
         beam_size=4,
         bleu_sentences=None,
@@ -99,7 +101,7 @@ SCALES = {
     ),
     "tiny": Scale(
         name="tiny",
-        base=replace(at.PROFILES["tiny"], vocab_size=300, max_tokens=300, max_steps=20),
+        base=replace(eng.PROFILES["tiny"], vocab_size=300, max_tokens=300, max_steps=20),
         rows=CPU_ROWS,
         beam_size=1,
         bleu_sentences=16,
@@ -166,23 +168,25 @@ def run_variant(
     label, changes, base, train_pairs, val_pairs, scale, device="cpu", log=print, tokenizer=None
 ):
     """Train one Table 3 variant, the TrainConfig `base` with `changes` applied
-    (at.apply_changes), from scratch (at.train, in a temporary folder, with `tokenizer` or
+    (eng.apply_changes), from scratch (eng.train, in a temporary folder, with `tokenizer` or
     one learned from the pairs) and score it on val pairs as `scale` says:
     validation_perplexity on all of them, sacreBLEU on the first scale.bleu_sentences (all
     when None), decoding greedily (scale.beam_size 1) or with beam search. Returns the
     run's CSV row as a dict with the keys of COLUMNS."""
-    config = at.apply_changes(base, changes)
+    config = eng.apply_changes(base, changes)
     log(f"{label} (seed {config.seed}): {cli.command_for(config)}")
     cpu_start, wall_start = time.process_time(), time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
-        model, tokenizer, _ = at.train(
+        model, tokenizer, _ = eng.train(
             config, train_pairs, folder, tokenizer=tokenizer, device=device, log=log
         )
     train_seconds = time.perf_counter() - wall_start
     model.eval()
     ppl = at.validation_perplexity(model, at.encode_pairs(val_pairs, tokenizer), config.max_tokens)
     scored = val_pairs[: scale.bleu_sentences]
-    bleu = at.evaluate_bleu(model, tokenizer, scored, beam_size=scale.beam_size)["bleu"]
+    bleu = at.evaluate_bleu(
+        model, tokenizer, scored, beam_size=scale.beam_size, decode=fd.fast_decode_batch
+    )["bleu"]
     m = config.model
     row = {
         "row": label,
@@ -211,7 +215,7 @@ def run_variant(
         "train_pairs": len(train_pairs),
         "train_seconds": round(train_seconds, 1),
         "cpu_seconds": round(time.process_time() - cpu_start, 1),
-        "hardware": at.hardware_description(device),
+        "hardware": eng.hardware_description(device),
         "scale": scale.name,
     }
     log(
@@ -275,11 +279,11 @@ def main(argv=None):
     cli.set_threads(args.threads)
     scale = SCALES[args.scale]
     labels = selected_rows(scale, args.rows)
-    base = at.apply_changes(scale.base, cli.given_changes(args))
+    base = eng.apply_changes(scale.base, cli.given_changes(args))
     # one checkpoint, at the end: a variant is trained once, from scratch, in a temporary folder
     base = replace(base, checkpoint_every=base.max_steps, keep_checkpoints=1)
-    train_pairs = at.load_multi30k("train", data_dir=args.data_dir)[: args.train_pairs]
-    val_pairs = at.load_multi30k("val", data_dir=args.data_dir)
+    train_pairs = eng.load_multi30k("train", data_dir=args.data_dir)[: args.train_pairs]
+    val_pairs = eng.load_multi30k("val", data_dir=args.data_dir)
     scale = replace(
         scale,
         beam_size=args.beam_size or scale.beam_size,
@@ -291,7 +295,7 @@ def main(argv=None):
     with cli.log_to(args.out / "variations.log") as log:
         log(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {args.scale} scale ({scale.note}); {base}")
         for label, seed in itertools.product(labels, args.seeds):
-            config = at.apply_changes(replace(base, seed=seed), scale.rows[label])
+            config = eng.apply_changes(replace(base, seed=seed), scale.rows[label])
             planned = {
                 "row": label,
                 "changes": describe(scale.rows[label]),

@@ -25,6 +25,7 @@ import torch
 
 import annotated_transformer as at
 import cli
+import engineering_runs as eng
 
 COLUMNS = ["N", "warmup", "seed", "step", "loss", "accuracy", "d_model", "peak_lr", "cpu", "torch"]
 
@@ -55,13 +56,12 @@ def run_arm(args, N, warmup, seed, log_every):
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     lrate = schedule(args.peak_lr, warmup, args.decay_from)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: lrate(k + 1))
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
     rows, step, epoch, recent = [], 0, 0, []
     max_tokens = 32 * (args.length + 1)
     while step < args.steps:
         for indices in at.batch_by_tokens(corpus.lengths, max_tokens, seed + epoch):
             batch = corpus.batch(indices)
-            sums = at.train_step(model, batch, optimizer, scheduler, scaler, 0.0)
+            sums = at.train_step(model, batch, optimizer, scheduler, 0.0)
             step += 1
             recent.append(sums[0].item() / batch.ntokens)
             if step % log_every == 0 or step == args.steps:
@@ -107,7 +107,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     extra = {
         "d_model": args.d_model, "peak_lr": args.peak_lr,
-        "cpu": at.cpu_model(), "torch": torch.__version__,
+        "cpu": eng.cpu_model(), "torch": torch.__version__,
     }  # fmt: skip
     rows = []
     for N, warmup in args.arms:

@@ -10,25 +10,28 @@ import pytest
 import torch
 from host_work import host_work
 
+import engineering_runs as eng
 from annotated_transformer import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
     EncodedCorpus,
-    GraphedTrainStep,
     batch_by_tokens,
-    bucket,
-    bucketed_batch,
-    bucketed_ids,
-    capturable_step,
     copy_task_pairs,
     forward_loss,
-    make_capturable_optimizer,
     make_model,
     make_optimizer,
     rate,
     subsequent_mask,
     train_step,
+)
+from cuda_graphs import (
+    GraphedTrainStep,
+    bucket,
+    bucketed_batch,
+    bucketed_ids,
+    capturable_step,
+    make_capturable_optimizer,
 )
 
 VOCAB = 20
@@ -154,13 +157,12 @@ def test_the_runner_on_a_cpu_trains_as_train_step_does():
     runner = GraphedTrainStep(graphed, *make_capturable_optimizer(graphed, 32, 1.0, 100), 0.0)
     assert not runner.graphed
     optimizer, scheduler = make_optimizer(plain, 32, 1.0, 100)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
     plan = [b for epoch in range(2) for b in batch_by_tokens(corpus.lengths, 120, seed=epoch)]
     losses, gradients = [], None
     for indices in plan[:25]:
         ntokens = corpus.target_tokens(indices)
         sums = runner(*bucketed_ids(corpus, indices), ntokens)
-        expected = train_step(plain, corpus.batch(indices), optimizer, scheduler, scaler, 0.0)
+        expected = train_step(plain, corpus.batch(indices), optimizer, scheduler, 0.0)
         assert torch.allclose(sums, expected, rtol=1e-4)
         losses.append(sums[0].item() / ntokens)
         # the gradient buffers stay where they are, zeroed, as a replay needs them
@@ -195,13 +197,12 @@ def test_graphs_replay_the_steps_train_step_makes():
     plain = copy.deepcopy(graphed)
     runner = GraphedTrainStep(graphed, *make_capturable_optimizer(graphed, 32, 1.0, 100), 0.0)
     optimizer, scheduler = make_optimizer(plain, 32, 1.0, 100)
-    scaler = torch.amp.GradScaler("cuda", enabled=False)
     short, long = list(range(0, 12)), list(range(16, 26))
     for indices in [short, long] * 6:
         ntokens = corpus.target_tokens(indices)
         sums = runner(*bucketed_ids(tables, indices), ntokens)
         expected = train_step(
-            plain, corpus.batch(indices, "cuda"), optimizer, scheduler, scaler, 0.0
+            plain, eng.corpus_on(corpus, "cuda").batch(indices), optimizer, scheduler, 0.0
         )
         assert torch.allclose(sums, expected, rtol=1e-3)
     assert len(runner.shapes) == 2

@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 import annotated_transformer as at
+import engineering_runs as eng
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LOCAL_COPY = pathlib.Path(
@@ -32,7 +33,7 @@ def isolated(tmp_path, monkeypatch):
 
 def copy_of_data(folder, corrupt=None):
     folder.mkdir(parents=True, exist_ok=True)
-    for name in at.MULTI30K_SHA256:
+    for name in eng.MULTI30K_SHA256:
         shutil.copy(LOCAL_COPY / name, folder / name)
     if corrupt:
         data = bytearray((folder / corrupt).read_bytes())
@@ -45,10 +46,10 @@ def copy_of_data(folder, corrupt=None):
 def test_local_copy_gives_aligned_pairs_of_every_split(isolated):
     sizes = {"train": 29000, "val": 1014, "test2016": 1000}
     for split, size in sizes.items():
-        pairs = at.load_multi30k(split, data_dir=LOCAL_COPY)
+        pairs = eng.load_multi30k(split, data_dir=LOCAL_COPY)
         assert len(pairs) == size and all(src and tgt for src, tgt in pairs)
-    de_en = at.load_multi30k("val", data_dir=LOCAL_COPY)
-    en_de = at.load_multi30k("val", "en", "de", data_dir=LOCAL_COPY)
+    de_en = eng.load_multi30k("val", data_dir=LOCAL_COPY)
+    en_de = eng.load_multi30k("val", "en", "de", data_dir=LOCAL_COPY)
     assert de_en[0] == en_de[0][::-1]
     with gzip.open(LOCAL_COPY / "val.en.gz", "rt", encoding="utf-8") as file:
         assert de_en[0][1] == file.readline().rstrip("\n")
@@ -57,47 +58,47 @@ def test_local_copy_gives_aligned_pairs_of_every_split(isolated):
 @needs_data
 def test_environment_variable_points_at_the_local_copy(isolated, monkeypatch):
     monkeypatch.setenv("MULTI30K_DIR", str(LOCAL_COPY))
-    assert len(at.load_multi30k("val", base_url=UNREACHABLE)) == 1014
+    assert len(eng.load_multi30k("val", base_url=UNREACHABLE)) == 1014
     assert not (isolated / "cache").exists()  # nothing downloaded
 
 
 def test_missing_local_file_says_what_to_set(isolated):
-    with pytest.raises(at.DatasetError, match=r"val\.de\.gz.*MULTI30K_DIR"):
-        at.load_multi30k("val", data_dir=isolated / "empty")
+    with pytest.raises(eng.DatasetError, match=r"val\.de\.gz.*MULTI30K_DIR"):
+        eng.load_multi30k("val", data_dir=isolated / "empty")
 
 
 @needs_data
 def test_corrupt_local_file_is_refused(isolated):
     folder = copy_of_data(isolated / "copy", corrupt="val.en.gz")
-    with pytest.raises(at.DatasetError, match=r"val\.en\.gz has the wrong SHA-256"):
-        at.load_multi30k("val", data_dir=folder)
+    with pytest.raises(eng.DatasetError, match=r"val\.en\.gz has the wrong SHA-256"):
+        eng.load_multi30k("val", data_dir=folder)
 
 
 @needs_data
 def test_download_is_verified_and_cached(isolated):
     mirror = copy_of_data(isolated / "mirror")
-    pairs = at.load_multi30k("val", base_url=mirror.as_uri() + "/")
+    pairs = eng.load_multi30k("val", base_url=mirror.as_uri() + "/")
     assert len(pairs) == 1014
-    cached = sorted(p.name for p in at.default_cache_dir().iterdir())
+    cached = sorted(p.name for p in eng.default_cache_dir().iterdir())
     assert cached == ["val.de.gz", "val.en.gz"]
     # a second call reads the verified cache and needs no network
-    assert at.load_multi30k("val", base_url=UNREACHABLE) == pairs
+    assert eng.load_multi30k("val", base_url=UNREACHABLE) == pairs
 
 
 @needs_data
 def test_corrupt_download_is_discarded(isolated):
     mirror = copy_of_data(isolated / "mirror", corrupt="val.de.gz")
     with pytest.raises(
-        at.DatasetError, match="could not download .*SHA-256 is not .*nothing was kept"
+        eng.DatasetError, match="could not download .*SHA-256 is not .*nothing was kept"
     ):
-        at.load_multi30k("val", base_url=mirror.as_uri() + "/")
-    assert not any(at.default_cache_dir().iterdir())  # neither the file nor a .part
+        eng.load_multi30k("val", base_url=mirror.as_uri() + "/")
+    assert not any(eng.default_cache_dir().iterdir())  # neither the file nor a .part
 
 
 def test_no_network_and_no_local_copy_says_what_to_set(isolated):
-    with pytest.raises(at.DatasetError, match="could not download .*set MULTI30K_DIR"):
-        at.load_multi30k("test2016", base_url=UNREACHABLE)
-    assert not any(at.default_cache_dir().iterdir())
+    with pytest.raises(eng.DatasetError, match="could not download .*set MULTI30K_DIR"):
+        eng.load_multi30k("test2016", base_url=UNREACHABLE)
+    assert not any(eng.default_cache_dir().iterdir())
 
 
 @needs_data
@@ -109,18 +110,18 @@ def test_interrupted_download_leaves_nothing_behind(isolated, monkeypatch):
         raise ConnectionResetError("connection lost")
 
     monkeypatch.setattr(at.shutil, "copyfileobj", cut_off)
-    with pytest.raises(at.DatasetError, match="could not download"):
-        at.load_multi30k("val", base_url=mirror.as_uri() + "/")
-    assert not any(at.default_cache_dir().iterdir())
+    with pytest.raises(eng.DatasetError, match="could not download"):
+        eng.load_multi30k("val", base_url=mirror.as_uri() + "/")
+    assert not any(eng.default_cache_dir().iterdir())
 
 
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="split must be one of"):
-        at.load_multi30k("dev")
+        eng.load_multi30k("dev")
     with pytest.raises(ValueError, match="'de' and 'en' in either order; .*src_lang='fr'"):
-        at.load_multi30k("val", src_lang="fr")
+        eng.load_multi30k("val", src_lang="fr")
     with pytest.raises(ValueError, match="tgt_lang='de'"):
-        at.load_multi30k("val", "de", "de")
+        eng.load_multi30k("val", "de", "de")
 
 
 # ---- BPE ---------------------------------------------------------------------------------

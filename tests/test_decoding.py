@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import annotated_transformer as at
+import engineering_runs as eng
+import fast_decoding as fd
 from toy import TINY, quiet, toy_pairs
 
 
@@ -38,7 +40,7 @@ def test_each_cached_step_equals_the_full_decoder(options):
     tgt = torch.randint(4, 12, (src.size(0), 6), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         memory = model.encode(src, src_mask)
-        cache = at.KeyValueCache(model, memory, src_mask)
+        cache = fd.KeyValueCache(model, memory, src_mask)
         for t in range(tgt.size(1)):
             step = cache.next_log_probs(tgt[:, : t + 1])
             full = model.decode(memory, src_mask, tgt[:, : t + 1], at.subsequent_mask(t + 1))
@@ -48,7 +50,7 @@ def test_each_cached_step_equals_the_full_decoder(options):
 
 
 def test_the_self_attention_cache_grows_in_place_and_when_full_keeps_what_it_had():
-    cache = at.AttentionCache()
+    cache = fd.AttentionCache()
     cache.room = 3  # full after 4 positions, then after 8: two regrowths in 9 steps
     keys, values = torch.randn(3, 4, 9, 8), torch.randn(3, 4, 9, 6)
     buffers = []
@@ -73,7 +75,7 @@ def test_grouped_queries_read_one_copy_of_the_memory(masked):
     with torch.no_grad():
         key = attention.split_heads(attention.w_k(memory), attention.d_k)
         value = attention.split_heads(attention.w_v(memory), attention.d_v)
-        grouped = at.grouped_attention(attention, x, key, value, mask)
+        grouped = fd.grouped_attention(attention, x, key, value, mask)
         copied = attention(x, repeat(memory), repeat(memory), repeat(mask))
     torch.testing.assert_close(grouped, copied, atol=1e-5, rtol=0)
 
@@ -83,7 +85,7 @@ def test_decoding_builds_no_graph_even_outside_no_grad():
     src, src_mask = sources()
     graphs = []
     model.generator.register_forward_hook(lambda module, args, out: graphs.append(out.grad_fn))
-    for search in (at.greedy_decode, at.beam_search):
+    for search in (fd.fast_greedy_decode, at.beam_search):
         for cache in (True, False):
             search(model, src, src_mask, max_len=4, cache=cache)
     assert len(graphs) == 16 and graphs == [None] * 16  # 4 searches of 4 steps
@@ -93,27 +95,27 @@ def test_beam_slots_keep_first_extensions_in_place_and_fill_dropped_rows():
     # one sentence, k = 4, six candidates best first: rows 2, 2, 0, 2, 1, 3 extended
     parent = torch.tensor([[2, 2, 0, 2, 1, 3]])
     kept = torch.tensor([[True, True, True, True, False, False]])
-    slot = at.beam_slots(kept, parent, 4)
+    slot = fd.beam_slots(kept, parent, 4)
     # the first extension of row 2 stays in row 2, of row 0 in row 0; the second and third
     # extensions of row 2 take rows 1 and 3, whose hypotheses nothing extends
     assert slot.tolist() == [[2, 1, 0, 3, 4, 4]]
     # fewer than k kept: the rows nothing fills stay empty (slot k for the rest)
     kept = torch.tensor([[True, False, True, False, False, False]])
-    assert at.beam_slots(kept, parent, 4).tolist() == [[2, 4, 0, 4, 4, 4]]
+    assert fd.beam_slots(kept, parent, 4).tolist() == [[2, 4, 0, 4, 4, 4]]
 
 
 def test_beam_search_copies_only_the_rows_of_second_extensions(monkeypatch):
     model = small_model()
     src, src_mask = sources()
-    copies, original = [], at.AttentionCache.copy_rows
+    copies, original = [], fd.AttentionCache.copy_rows
 
     def recording(self, source, target):
         assert not set(target.tolist()) & set(source.tolist())  # in place: never read after written
         copies.append(target.numel())
         return original(self, source, target)
 
-    monkeypatch.setattr(at.AttentionCache, "copy_rows", recording)
-    at.beam_search(model, src, src_mask, max_len=12, beam_size=4)
+    monkeypatch.setattr(fd.AttentionCache, "copy_rows", recording)
+    fd.fast_beam_search(model, src, src_mask, max_len=12, beam_size=4)
     rows = src.size(0) * 4
     assert copies and max(copies) < rows and sum(copies) < rows * len(copies) / 2
 
@@ -131,7 +133,7 @@ def ends_often(model):
 def test_the_cached_and_the_plain_decoder_give_the_same_tokens(seed, options):
     model = small_model(seed, **options)
     src, src_mask = sources(seed)
-    searches = [(at.greedy_decode, {})] + [(at.beam_search, {"beam_size": k}) for k in (2, 4)]
+    searches = [(fd.fast_greedy_decode, {})] + [(at.beam_search, {"beam_size": k}) for k in (2, 4)]
     lengths = []
     for search, settings in searches:
         cached = search(model, src, src_mask, max_len=15, cache=True, **settings)
@@ -144,21 +146,24 @@ def test_the_cached_and_the_plain_decoder_give_the_same_tokens(seed, options):
 def test_output_length_is_at_most_input_length_plus_50():
     model = small_model()
     src, src_mask = sources()
-    greedy = at.greedy_decode(model, src, src_mask, end_symbol=-1)
-    beam = at.beam_search(model, src, src_mask, end_symbol=-1, beam_size=2)
+    greedy = fd.fast_greedy_decode(model, src, src_mask, end_symbol=-1)
+    beam = fd.fast_beam_search(model, src, src_mask, end_symbol=-1, beam_size=2)
     expected = [7 + 50, 4 + 50, 0 + 50, 7 + 50, 7 + 50]  # real source tokens + 50, by hand
     assert (greedy[:, 1:] != at.PAD_ID).sum(-1).tolist() == expected
     assert (beam[:, 1:] != at.PAD_ID).sum(-1).tolist() == expected
-    assert at.greedy_decode(model, src, src_mask, max_len=3, end_symbol=-1).size(1) == 4
+    assert fd.fast_greedy_decode(model, src, src_mask, max_len=3, end_symbol=-1).size(1) == 4
 
 
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda m, s, k: at.beam_search(m, s, k, beam_size=0), "beam_size must be a positive"),
-        (lambda m, s, k: at.beam_search(m, s, k, beam_size=2.0), "beam_size must be a positive"),
-        (lambda m, s, k: at.greedy_decode(m, s, k, max_len=0), "max_len must be a positive"),
-        (lambda m, s, k: at.beam_search(m, s, k, max_len=True), "max_len must be a positive"),
+        (lambda m, s, k: fd.fast_beam_search(m, s, k, beam_size=0), "beam_size must be a positive"),
+        (
+            lambda m, s, k: fd.fast_beam_search(m, s, k, beam_size=2.0),
+            "beam_size must be a positive",
+        ),
+        (lambda m, s, k: fd.fast_greedy_decode(m, s, k, max_len=0), "max_len must be a positive"),
+        (lambda m, s, k: fd.fast_beam_search(m, s, k, max_len=True), "max_len must be a positive"),
     ],
 )
 def test_decoding_refuses_bad_sizes_naming_them(call, message):
@@ -172,8 +177,8 @@ def test_decoding_refuses_bad_sizes_naming_them(call, message):
 def test_beam_of_one_without_length_penalty_is_greedy(seed):
     model = ends_often(small_model(seed))
     src, src_mask = sources(seed)
-    greedy = at.greedy_decode(model, src, src_mask, max_len=15)
-    beam = at.beam_search(model, src, src_mask, max_len=15, beam_size=1, alpha=0.0)
+    greedy = fd.fast_greedy_decode(model, src, src_mask, max_len=15)
+    beam = fd.fast_beam_search(model, src, src_mask, max_len=15, beam_size=1, alpha=0.0)
     assert torch.equal(beam, greedy)
 
 
@@ -210,13 +215,13 @@ def test_beam_search_on_a_made_up_model_gives_the_search_worked_by_hand():
     )  # after two words, </s> is certain
     src = torch.tensor([[4, 4]])
     src_mask = at.padding_mask(src, at.PAD_ID)
-    search = lambda **options: at.beam_search(  # noqa: E731
+    search = lambda **options: fd.fast_beam_search(  # noqa: E731
         model, src, src_mask, max_len=3, cache=False, **options
     )[0].tolist()
     BOS = at.BOS_ID
     # greedy: A (0.4), then dog (0.5), then </s>: p = 0.2
     assert search(beam_size=1, alpha=0.0) == [BOS, A, DOG, EOS]
-    assert at.greedy_decode(model, src, src_mask, max_len=3, cache=False)[0].tolist() == [
+    assert fd.fast_greedy_decode(model, src, src_mask, max_len=3, cache=False)[0].tolist() == [
         BOS,
         A,
         DOG,
@@ -251,7 +256,9 @@ def test_a_wide_enough_beam_finds_the_best_output_by_exhaustive_search():
         for prefix in itertools.product([t for t in range(6) if t != at.EOS_ID], repeat=n)
     ] + list(itertools.product(range(6), repeat=limit))  # the limit ends these
     best = max(candidates, key=lambda c: sequence_score(model, src, src_mask, c, alpha))
-    found = at.beam_search(model, src, src_mask, max_len=limit, beam_size=6**limit, alpha=alpha)
+    found = fd.fast_beam_search(
+        model, src, src_mask, max_len=limit, beam_size=6**limit, alpha=alpha
+    )
     assert tuple(found[0, 1:].tolist()) == best
 
 
@@ -274,10 +281,10 @@ def copy_model():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a model this small gains nothing from two, and busy cores slow it
     try:
-        run = at.RunState.new(config, 12)
+        run = eng.RunState.new(config, 12)
         for _ in range(60):
             batch = at.Batch.from_ids(at.copy_task_pairs(32, 12, 6, generator))
-            at.train_step(run.model, batch, run.optimizer, run.scheduler, run.scaler, 0.0)
+            at.train_step(run.model, batch, run.optimizer, run.scheduler, 0.0)
     finally:
         torch.set_num_threads(threads)
     return run.model.eval()
@@ -297,13 +304,13 @@ def copy_sources(seed):
 
 def count_steps(monkeypatch):
     """Record each step of the cached decoder (one call of next_log_probs per step)."""
-    calls, original = [], at.KeyValueCache.next_log_probs
+    calls, original = [], fd.KeyValueCache.next_log_probs
 
     def counting(self, ys):
         calls.append(1)
         return original(self, ys)
 
-    monkeypatch.setattr(at.KeyValueCache, "next_log_probs", counting)
+    monkeypatch.setattr(fd.KeyValueCache, "next_log_probs", counting)
     return calls
 
 
@@ -313,7 +320,7 @@ def test_beam_search_stops_once_no_live_hypothesis_can_win(copy_model, monkeypat
     calls = count_steps(monkeypatch)
     for seed, beam_size in itertools.product(range(3), (2, 4)):
         src, src_mask = copy_sources(seed)
-        out = at.beam_search(copy_model, src, src_mask, beam_size=beam_size, alpha=0.6)
+        out = fd.fast_beam_search(copy_model, src, src_mask, beam_size=beam_size, alpha=0.6)
         assert all(at.EOS_ID in row for row in out.tolist())
     assert len(calls) <= 12 * 6  # 6 searches, 12 steps each at most on average, of 50 or more
 
@@ -332,7 +339,7 @@ def test_beam_search_reads_the_device_once_per_step(copy_model, monkeypatch):
             return _original(self, *args)
 
         monkeypatch.setattr(torch.Tensor, name, counting)
-    at.beam_search(copy_model, src, src_mask, beam_size=4)
+    fd.fast_beam_search(copy_model, src, src_mask, beam_size=4)
     assert 0 < len(steps) and len(reads) <= len(steps) + 3
 
 
@@ -372,13 +379,13 @@ def test_the_shipped_translator_loads_and_reproduces_its_stored_translations():
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("run")
-    model, tokenizer, _ = at.train(TINY, toy_pairs(), folder, log=quiet)
+    model, tokenizer, _ = eng.train(TINY, toy_pairs(), folder, log=quiet)
     return folder, model, tokenizer
 
 
 def test_averaging_identical_checkpoints_is_the_identity(tiny_run):
     folder, _, _ = tiny_run
-    last = at.snapshot_paths(folder)[-1]
+    last = eng.snapshot_paths(folder)[-1]
     averaged = at.average_checkpoints([last, last, last])
     weights = torch.load(last, weights_only=True)["model"]
     assert averaged["model"].keys() == weights.keys()
@@ -387,14 +394,14 @@ def test_averaging_identical_checkpoints_is_the_identity(tiny_run):
 
 def test_averaging_two_checkpoints_is_the_mean_of_their_weights(tiny_run, tmp_path):
     folder, _, _ = tiny_run
-    paths = at.snapshot_paths(folder)
+    paths = eng.snapshot_paths(folder)
     assert [p.name for p in paths] == ["checkpoint-0000003.pt", "checkpoint-0000006.pt"]
     a, b = (torch.load(p, weights_only=True)["model"] for p in paths)
     averaged = at.average_checkpoints(paths)
     for name in a:
         torch.testing.assert_close(averaged["model"][name], (a[name] + b[name]) / 2)
     assert averaged["averaged_steps"] == [3, 6]
-    at.save_checkpoint(tmp_path / "averaged.pt", averaged)
+    eng.save_checkpoint(tmp_path / "averaged.pt", averaged)
     model, _ = at.load_checkpoint(tmp_path / "averaged.pt")
     torch.testing.assert_close(
         model.state_dict()["generator.projection.weight"],
@@ -404,15 +411,15 @@ def test_averaging_two_checkpoints_is_the_mean_of_their_weights(tiny_run, tmp_pa
 
 def test_checkpoints_of_different_runs_are_not_averaged(tiny_run, tmp_path):
     folder, _, _ = tiny_run
-    last = at.snapshot_paths(folder)[-1]
+    last = eng.snapshot_paths(folder)[-1]
     other = dict(torch.load(last, weights_only=True))
     other["config"] = {**other["config"], "smoothing": 0.3}
     torch.save(other, tmp_path / "other.pt")
     with pytest.raises(ValueError, match="have a different config: they come from different"):
         at.average_checkpoints([last, tmp_path / "other.pt"])
     # a run on other sentences: the same config, another vocabulary
-    at.train(TINY, toy_pairs(seed=3), tmp_path / "b", log=quiet)
-    second = at.snapshot_paths(tmp_path / "b")[-1]
+    eng.train(TINY, toy_pairs(seed=3), tmp_path / "b", log=quiet)
+    second = eng.snapshot_paths(tmp_path / "b")[-1]
     assert json.loads(other["tokenizer"]) != json.loads(at.read_checkpoint(second)["tokenizer"])
     with pytest.raises(ValueError, match="have a different tokenizer: they come from different"):
         at.average_checkpoints([last, second])
@@ -422,7 +429,7 @@ def test_checkpoints_of_different_runs_are_not_averaged(tiny_run, tmp_path):
 
 def test_load_checkpoint_restores_the_trained_model(tiny_run):
     folder, trained, tokenizer = tiny_run
-    for path in (folder / "checkpoint.pt", at.snapshot_paths(folder)[-1]):
+    for path in (folder / "checkpoint.pt", eng.snapshot_paths(folder)[-1]):
         model, loaded_tokenizer = at.load_checkpoint(path)
         assert not model.training
         assert loaded_tokenizer.to_str() == tokenizer.to_str()
@@ -461,7 +468,7 @@ def test_translate_handles_unknown_characters_and_refuses_bad_input(tiny_run):
     assert at.UNK_ID in ids
     # the same string as decoding the ids by hand: the unknown character became <unk>
     src = torch.tensor([ids + [at.EOS_ID]])
-    out = at.beam_search(model, src, at.padding_mask(src, at.PAD_ID), beam_size=4, alpha=0.6)
+    out = fd.fast_beam_search(model, src, at.padding_mask(src, at.PAD_ID), beam_size=4, alpha=0.6)
     expected = tokenizer.decode(out[0].tolist(), skip_special_tokens=True)
     assert at.translate(model, tokenizer, ["a ☃ dog"]) == [expected]
     assert "<unk>" not in expected

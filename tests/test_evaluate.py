@@ -8,23 +8,25 @@ import pytest
 import torch
 
 import annotated_transformer as at
+import engineering_runs as eng
 import evaluate
+import fast_decoding as fd
 from toy import TINY, quiet, toy_pairs
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("run")
-    at.train(TINY, toy_pairs(), folder, log=quiet)
+    eng.train(TINY, toy_pairs(), folder, log=quiet)
     return folder
 
 
 @pytest.fixture
 def short_outputs(monkeypatch):
     """Toy data, and outputs of at most 5 tokens: a 6-step model rarely ends a sentence."""
-    monkeypatch.setattr(at, "load_multi30k", lambda split, data_dir=None: toy_pairs(8, seed=2))
+    monkeypatch.setattr(eng, "load_multi30k", lambda split, data_dir=None: toy_pairs(8, seed=2))
     capped = lambda src_mask, max_len=None: torch.full((src_mask.size(0),), 5)  # noqa: E731
-    monkeypatch.setattr(at, "output_limits", capped)
+    monkeypatch.setattr(fd, "output_limits", capped)
 
 
 @pytest.mark.parametrize("flag", ["--average", "--batch-size", "--limit"])
@@ -65,7 +67,7 @@ def test_evaluate_command_line_writes_the_table(tiny_run, tmp_path, short_output
     # the averaged weights are stored in float16, and load back into a float32 model
     stored = at.read_checkpoint(tmp_path / "averaged.pt")["model"]
     assert {t.dtype for t in stored.values() if t.is_floating_point()} == {torch.float16}
-    snapshots = [at.read_checkpoint(p)["model"] for p in at.snapshot_paths(tiny_run)[-2:]]
+    snapshots = [at.read_checkpoint(p)["model"] for p in eng.snapshot_paths(tiny_run)[-2:]]
     model, _ = at.load_checkpoint(tmp_path / "averaged.pt")
     for name, tensor in model.state_dict().items():
         # the mean of the two snapshots in float64, rounded to float16 once
@@ -76,7 +78,7 @@ def test_evaluate_command_line_writes_the_table(tiny_run, tmp_path, short_output
 
 
 def test_evaluate_takes_its_settings_as_parameters(tiny_run, tmp_path, short_outputs):
-    snapshots = at.snapshot_paths(tiny_run)
+    snapshots = eng.snapshot_paths(tiny_run)
     evaluate.evaluate(tiny_run, tmp_path, snapshots, average=1, limit=3, dtype="float32")
     evaluation = json.loads((tmp_path / "evaluation.json").read_text())
     assert evaluation["averaged_steps"] == [6] and evaluation["sentences"] == {
@@ -122,7 +124,7 @@ def test_evaluate_decodes_test_only_at_the_alpha_that_val_chose(
             "length_ratio": alpha / 2,
         }
 
-    val_pairs = at.load_multi30k("val")
+    val_pairs = eng.load_multi30k("val")
     monkeypatch.setattr(at, "evaluate_bleu", recorded)
     flags = ["--average", "2", "--alpha", "0.6,1.2,0.9"]
     assert evaluate.main(["--run", str(tiny_run), "--out", str(tmp_path), *flags]) == 0
@@ -145,7 +147,7 @@ def test_evaluate_keeps_the_first_of_equal_alphas(tiny_run, tmp_path, short_outp
     monkeypatch.setattr(
         at, "evaluate_bleu", lambda *args: {**real(*args), "bleu": 20.0}
     )  # every alpha ties
-    evaluate.evaluate(tiny_run, tmp_path, at.snapshot_paths(tiny_run), alphas=(1.0, 0.6))
+    evaluate.evaluate(tiny_run, tmp_path, eng.snapshot_paths(tiny_run), alphas=(1.0, 0.6))
     assert json.loads((tmp_path / "evaluation.json").read_text())["alpha"] == 1.0
 
 
@@ -153,13 +155,13 @@ def test_evaluate_within_hours_scores_the_run_as_it_stood_then(tmp_path, short_o
     # a run that validates at every snapshot, so each records its training time
     config = dataclasses.replace(TINY, eval_every=3, bleu_sentences=2)
     folder = tmp_path / "run"
-    at.train(config, toy_pairs(), folder, val_pairs=toy_pairs(4, seed=3), log=quiet)
+    eng.train(config, toy_pairs(), folder, val_pairs=toy_pairs(4, seed=3), log=quiet)
     # the tiny run takes well under a second: give its snapshots the training times of a
     # long one, half an hour and two hours, so that one hour falls between them
-    for path, seconds in zip(at.snapshot_paths(folder), (1800.0, 7200.0)):
+    for path, seconds in zip(eng.snapshot_paths(folder), (1800.0, 7200.0)):
         payload = at.read_checkpoint(path)
         payload["validation"]["seconds"] = seconds
-        at.save_checkpoint(path, payload)
+        eng.save_checkpoint(path, payload)
     out = tmp_path / "early"
     assert evaluate.main(["--run", str(folder), "--out", str(out), "--within-hours", "1"]) == 0
     evaluation = json.loads((out / "evaluation.json").read_text())

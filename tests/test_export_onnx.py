@@ -16,7 +16,9 @@ import pytest
 import torch
 
 import annotated_transformer as at
+import engineering_runs as eng
 import export_onnx
+import fast_decoding as fd
 
 ort = pytest.importorskip("onnxruntime")
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -74,7 +76,7 @@ def models(folder):
 @pytest.fixture(scope="module")
 def val(models):
     model, tokenizer, _ = models
-    sources = [german for german, _ in at.load_multi30k("val")[:SENTENCES]]
+    sources = [german for german, _ in eng.load_multi30k("val")[:SENTENCES]]
     encoded = at.encode_sentences(model, tokenizer, sources)
     src = at.pad_ids([encoded[i] for i in range(len(sources))])
     return src, at.padding_mask(src, at.PAD_ID)
@@ -124,7 +126,7 @@ def test_graphs_give_the_models_log_probabilities_and_attention(models, val):
 def test_greedy_and_beam_translations_are_the_models(models, val, beam_size):
     model, tokenizer, onnx_model = models
     src, src_mask = val
-    decode = {1: at.greedy_decode, 4: at.beam_search}[beam_size]
+    decode = {1: fd.fast_greedy_decode, 4: fd.fast_beam_search}[beam_size]
     with torch.no_grad():
         expected = decode(model, src, src_mask, cache=False)
     got = decode(onnx_model, src, src_mask, cache=False)

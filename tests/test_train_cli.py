@@ -12,6 +12,7 @@ import torch
 
 import annotated_transformer as at
 import cli
+import engineering_runs as eng
 import train
 from toy import toy_pairs
 
@@ -21,7 +22,7 @@ TINY_FLAGS += ["--max-tokens", "200", "--warmup-steps", "10", "--device", "cpu"]
 
 @pytest.fixture
 def toy_data(monkeypatch):
-    monkeypatch.setattr(at, "load_multi30k", lambda split, data_dir=None: toy_pairs())
+    monkeypatch.setattr(eng, "load_multi30k", lambda split, data_dir=None: toy_pairs())
 
 
 def exits_2_with_one_line(capsys, call, argv):
@@ -61,14 +62,14 @@ def test_booleans_have_a_yes_and_a_no_form_and_unset_flags_keep_the_profile():
     args = train.parse_args(["--out", "x", "--no-pre-norm", "--share-embeddings"])
     assert args.pre_norm is False and args.share_embeddings is True
     assert args.dropout is None and args.max_steps is None
-    assert train.config_from_args(train.parse_args(["--out", "x"])) == at.PROFILES["multi30k"]
+    assert train.config_from_args(train.parse_args(["--out", "x"])) == eng.PROFILES["multi30k"]
 
 
 def test_a_field_documented_in_its_class_docstring_becomes_a_flag_with_that_help(
     monkeypatch, capsys
 ):
     @dataclasses.dataclass(frozen=True)
-    class Extended(at.TrainConfig):
+    class Extended(eng.RunConfig):
         """A made-up recipe with one more field.
 
         Attributes:
@@ -78,7 +79,7 @@ def test_a_field_documented_in_its_class_docstring_becomes_a_flag_with_that_help
 
         gradient_clip: float = 0.0
 
-    monkeypatch.setattr(at, "TrainConfig", Extended)
+    monkeypatch.setattr(eng, "RunConfig", Extended)
     assert train.parse_args(["--out", "x", "--gradient-clip", "1.5"]).gradient_clip == 1.5
     with pytest.raises(SystemExit):
         train.parse_args(["--help"])
@@ -98,7 +99,7 @@ def test_every_train_and_model_config_field_has_help():
 def test_flags_override_the_profile_and_the_logged_command_round_trips():
     argv = ["--out", "x", "--d-model", "128", "--pre-norm", "--lr-factor", "0.5", "--h", "8"]
     config = train.config_from_args(train.parse_args([*argv, "--N", "1"]))
-    profile = at.PROFILES["multi30k"]  # the default profile
+    profile = eng.PROFILES["multi30k"]  # the default profile
     changed = dict(d_model=128, pre_norm=True, h=8, N=1)  # N=1: a flag with a value, not --N
     assert config.model == dataclasses.replace(profile.model, **changed)
     assert config == dataclasses.replace(profile, model=config.model, lr_factor=0.5)

@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from host_work import host_work
 
 import annotated_transformer as at
+import engineering_runs as eng
+import fast_decoding as fd
 from toy import TINY, quiet, toy_pairs
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -181,11 +183,11 @@ def parameters(model):
 
 def test_n_steps_then_resume_to_2n_equals_2n_straight(tmp_path):
     pairs = toy_pairs()  # a few batches per epoch, so the runs cross epoch boundaries
-    straight, _, history = at.train(
+    straight, _, history = eng.train(
         dataclasses.replace(TINY, max_steps=12), pairs, tmp_path / "a", log=quiet
     )
-    at.train(TINY, pairs, tmp_path / "b", log=quiet)
-    resumed, _, resumed_history = at.train(
+    eng.train(TINY, pairs, tmp_path / "b", log=quiet)
+    resumed, _, resumed_history = eng.train(
         dataclasses.replace(TINY, max_steps=12), pairs, tmp_path / "b", resume=True, log=quiet
     )
     assert len(at.batch_by_tokens([(len(s.split()), 1) for s, _ in pairs], 200)) < 12
@@ -194,13 +196,13 @@ def test_n_steps_then_resume_to_2n_equals_2n_straight(tmp_path):
 
 
 def test_run_writes_checkpoint_tokenizer_and_metrics(tmp_path):
-    at.train(TINY, toy_pairs(), tmp_path, log=quiet)
+    eng.train(TINY, toy_pairs(), tmp_path, log=quiet)
     checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert checkpoint["step"] == 6 and checkpoint["config"] == TINY.identity()
     tokenizer = at.load_tokenizer(tmp_path / "tokenizer.json")
     assert checkpoint["tokenizer"] == tokenizer.to_str()  # a checkpoint is self-contained
     assert tokenizer.get_vocab_size() <= 200
-    snapshots = [p.name for p in at.snapshot_paths(tmp_path)]
+    snapshots = [p.name for p in eng.snapshot_paths(tmp_path)]
     assert snapshots == ["checkpoint-0000003.pt", "checkpoint-0000006.pt"]
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert [h["step"] for h in metrics["history"]] == [1, 2, 3, 4, 5, 6]
@@ -210,23 +212,23 @@ def test_run_writes_checkpoint_tokenizer_and_metrics(tmp_path):
 def test_a_time_budget_ends_the_run_at_the_last_checkpoint_its_pace_fits(tmp_path, monkeypatch):
     clock = [0.0]  # a step takes one second; validating and saving take none
     monkeypatch.setattr(at.time, "perf_counter", lambda: clock[0])
-    step = at.train_step
+    step = eng.train_step_amp
 
     def one_second_step(*args, **kwargs):
         clock[0] += 1.0
         return step(*args, **kwargs)
 
-    monkeypatch.setattr(at, "train_step", one_second_step)
+    monkeypatch.setattr(eng, "train_step_amp", one_second_step)
     config = dataclasses.replace(TINY, max_steps=30, checkpoint_every=3, max_seconds=10.0)
-    _, _, history = at.train(config, toy_pairs(), tmp_path / "a", log=quiet)
+    _, _, history = eng.train(config, toy_pairs(), tmp_path / "a", log=quiet)
     # at step 3 (3 s) the next checkpoint comes at 6 s, at step 6 at 9 s, at step 9 at 12 s,
     # past the 10 s budget: the run ends at step 9, its last snapshot
     checkpoint = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
     assert len(history) == 9 and checkpoint["step"] == 9 and checkpoint["seconds"] == 9.0
-    assert at.snapshot_paths(tmp_path / "a")[-1].name == "checkpoint-0000009.pt"
+    assert eng.snapshot_paths(tmp_path / "a")[-1].name == "checkpoint-0000009.pt"
     # a larger budget on resume continues the run: at step 12 the next would end at 15 s
     longer = dataclasses.replace(config, max_seconds=14.0)
-    _, _, history = at.train(longer, toy_pairs(), tmp_path / "a", resume=True, log=quiet)
+    _, _, history = eng.train(longer, toy_pairs(), tmp_path / "a", resume=True, log=quiet)
     assert len(history) == 12
     with pytest.raises(ValueError, match="max_seconds must be a finite number >= 0"):
         dataclasses.replace(TINY, max_seconds=-1.0)
@@ -238,7 +240,7 @@ def test_out_of_time_asks_at_checkpoints_whether_the_next_one_would_pass_the_bud
     def ask(step, seconds, max_seconds=10.0, world=1):
         config = dataclasses.replace(TINY, checkpoint_every=3, max_seconds=max_seconds)
         state = SimpleNamespace(step=step, seconds=seconds)
-        return at.out_of_time(state, SimpleNamespace(config=config, world=world, device="cpu"))
+        return eng.out_of_time(state, SimpleNamespace(config=config, world=world, device="cpu"))
 
     assert not ask(6, 6.0)  # next checkpoint at 6 * (1 + 3/6) = 9 s <= 10 s
     assert ask(9, 9.0)  # 12 s > 10 s
@@ -254,14 +256,14 @@ def test_out_of_time_asks_at_checkpoints_whether_the_next_one_would_pass_the_bud
         torch.distributed.destroy_process_group()
 
 
-@pytest.mark.parametrize("profile", sorted(at.PROFILES))
+@pytest.mark.parametrize("profile", sorted(eng.PROFILES))
 def test_every_profile_takes_two_steps_and_its_peak_learning_rate_is_moderate(profile, tmp_path):
     # the GPU-sized profiles too (base runs here only like this): two steps on toy data, a
     # finite loss and a learning rate that rises during warm-up
     config = dataclasses.replace(
-        at.PROFILES[profile], max_steps=2, checkpoint_every=2, eval_every=2
+        eng.PROFILES[profile], max_steps=2, checkpoint_every=2, eval_every=2
     )
-    at.train(config, toy_pairs(), tmp_path, log=quiet)
+    eng.train(config, toy_pairs(), tmp_path, log=quiet)
     history = json.loads((tmp_path / "metrics.json").read_text())["history"]
     assert [h["step"] for h in history] == [1, 2] and all(math.isfinite(h["loss"]) for h in history)
     assert history[0]["lr"] < history[1]["lr"]
@@ -275,15 +277,15 @@ def test_every_profile_takes_two_steps_and_its_peak_learning_rate_is_moderate(pr
 
 def test_only_the_last_keep_checkpoints_snapshots_are_kept(tmp_path):
     config = dataclasses.replace(TINY, max_steps=12, checkpoint_every=2, keep_checkpoints=3)
-    at.train(config, toy_pairs(), tmp_path, log=quiet)
-    steps = [torch.load(p, weights_only=True)["step"] for p in at.snapshot_paths(tmp_path)]
+    eng.train(config, toy_pairs(), tmp_path, log=quiet)
+    steps = [torch.load(p, weights_only=True)["step"] for p in eng.snapshot_paths(tmp_path)]
     assert steps == [8, 10, 12]
 
 
 def test_bf16_autocast_trains_close_to_float32(tmp_path):
     runs = {}
     for amp in (None, "bf16"):
-        _, _, history = at.train(TINY, toy_pairs(), tmp_path / str(amp), log=quiet, amp=amp)
+        _, _, history = eng.train(TINY, toy_pairs(), tmp_path / str(amp), log=quiet, amp=amp)
         runs[amp] = [h["loss"] for h in history]
     assert runs[None] != runs["bf16"]  # autocast really changed the arithmetic
     assert max(abs(a - b) for a, b in zip(runs[None], runs["bf16"])) < 0.1
@@ -294,14 +296,15 @@ import json, sys
 import torch
 sys.path.insert(0, {code!r})
 import annotated_transformer as at
+import engineering_runs as eng
 
 torch.distributed.init_process_group("gloo")
 rank = torch.distributed.get_rank()
-config = at.TrainConfig(**{config!r})
+config = eng.RunConfig(**{config!r})
 pairs = json.load(open({pairs!r}))
 for steps, out, resume, *extra in {plan!r}:  # extra: train()'s other arguments
-    config = at.apply_changes(config, {{"max_steps": steps}})
-    model, _, history = at.train(config, pairs, out, resume=resume, log=lambda m: None,
+    config = eng.apply_changes(config, {{"max_steps": steps}})
+    model, _, history = eng.train(config, pairs, out, resume=resume, log=lambda m: None,
                                  **(extra[0] if extra else {{}}))
     torch.save({{"model": model.state_dict(), "history": history, "rng": torch.get_rng_state()}},
                f"{{out}}/rank{{rank}}-{{steps}}.pt")
@@ -363,7 +366,7 @@ def test_two_ranks_with_a_compiled_model_train_as_without(tmp_path):
     # same tracing and autograd graphs as the default, without generating C++) must see
     # through the wrapper; the run then makes the same updates as the eager one
     config = dataclasses.replace(TINY, max_steps=4, checkpoint_every=4, max_tokens=400)
-    config = at.apply_changes(config, {"dropout": 0.0})
+    config = eng.apply_changes(config, {"dropout": 0.0})
     eager, compiled = str(tmp_path / "eager"), str(tmp_path / "compiled")
     plan = [(4, eager, False, {}), (4, compiled, False, {"compile": "aot_eager"})]
     run_two_ranks(tmp_path, plan, config)
@@ -378,45 +381,45 @@ def test_two_ranks_with_a_compiled_model_train_as_without(tmp_path):
 
 
 def test_resuming_with_another_configuration_or_format_is_refused(tmp_path):
-    at.train(TINY, toy_pairs(), tmp_path, log=quiet)
+    eng.train(TINY, toy_pairs(), tmp_path, log=quiet)
     other = dataclasses.replace(TINY, smoothing=0.2, max_steps=9)
     with pytest.raises(ValueError, match="different configuration .*smoothing: 0.1 -> 0.2"):
-        at.train(other, toy_pairs(), tmp_path, resume=True, log=quiet)
-    other = at.apply_changes(TINY, {"dropout": 0.3})
+        eng.train(other, toy_pairs(), tmp_path, resume=True, log=quiet)
+    other = eng.apply_changes(TINY, {"dropout": 0.3})
     with pytest.raises(ValueError, match=r"\(model\.dropout: 0\.1 -> 0\.3\)"):
-        at.train(other, toy_pairs(), tmp_path, resume=True, log=quiet)
+        eng.train(other, toy_pairs(), tmp_path, resume=True, log=quiet)
     payload = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     torch.save({**payload, "format": 1}, tmp_path / "checkpoint.pt")
     with pytest.raises(ValueError, match=r"\(checkpoint format: 1 -> 3\)"):
-        at.train(dataclasses.replace(TINY, max_steps=9), toy_pairs(), tmp_path, resume=True,
+        eng.train(dataclasses.replace(TINY, max_steps=9), toy_pairs(), tmp_path, resume=True,
                  log=quiet)  # fmt: skip
 
 
 def test_a_float32_run_resumes_in_float32_and_not_in_float16(tmp_path):
-    at.train(TINY, toy_pairs(), tmp_path, log=quiet)  # its gradient scaler saved nothing
+    eng.train(TINY, toy_pairs(), tmp_path, log=quiet)  # its gradient scaler saved nothing
     more = dataclasses.replace(TINY, max_steps=8)
     with pytest.raises(ValueError, match=r"precision: 'float32' -> 'float16'.*amp='off'"):
-        at.train(more, toy_pairs(), tmp_path, resume=True, log=quiet, amp="fp16")
-    _, _, history = at.train(more, toy_pairs(), tmp_path, resume=True, log=quiet, amp="off")
+        eng.train(more, toy_pairs(), tmp_path, resume=True, log=quiet, amp="fp16")
+    _, _, history = eng.train(more, toy_pairs(), tmp_path, resume=True, log=quiet, amp="off")
     assert [h["step"] for h in history] == list(range(1, 9))
 
 
 def test_a_new_run_never_overwrites_an_earlier_one(tmp_path):
-    at.train(TINY, toy_pairs(), tmp_path, log=quiet)
+    eng.train(TINY, toy_pairs(), tmp_path, log=quiet)
     before = (tmp_path / "checkpoint.pt").read_bytes()
     with pytest.raises(FileExistsError, match="already exists; resume it"):
-        at.train(TINY, toy_pairs(seed=1), tmp_path, log=quiet)
+        eng.train(TINY, toy_pairs(seed=1), tmp_path, log=quiet)
     assert (tmp_path / "checkpoint.pt").read_bytes() == before
 
 
 def test_resuming_without_a_checkpoint_says_so(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint at"):
-        at.train(TINY, toy_pairs(), tmp_path, resume=True, log=quiet)
+        eng.train(TINY, toy_pairs(), tmp_path, resume=True, log=quiet)
 
 
 def test_a_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "checkpoint.pt"
-    at.save_checkpoint(path, {"step": 1, "weights": torch.ones(3)})
+    eng.save_checkpoint(path, {"step": 1, "weights": torch.ones(3)})
 
     def crash(payload, file):
         file.write(b"half a checkpoint")
@@ -424,7 +427,7 @@ def test_a_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypat
 
     monkeypatch.setattr(at.torch, "save", crash)
     with pytest.raises(OSError, match="disk full"):
-        at.save_checkpoint(path, {"step": 2, "weights": torch.zeros(3)})
+        eng.save_checkpoint(path, {"step": 2, "weights": torch.zeros(3)})
     monkeypatch.undo()
     assert torch.load(path, weights_only=True)["step"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
@@ -462,11 +465,11 @@ def test_an_fp16_step_with_the_gradient_scaler_is_close_to_the_float32_step():
     config = dataclasses.replace(TINY, vocab_size=40)
     steps = {}
     for amp in (None, torch.float16):
-        run = at.RunState.new(config, 40, "cpu", amp)
+        run = eng.RunState.new(config, 40, "cpu", amp)
         assert run.scaler.is_enabled() == (amp is not None)  # only float16 needs the scaler
         before = parameters(run.model)
         torch.manual_seed(1)  # the same dropout masks for both
-        sums = at.train_step(
+        sums = eng.train_step_amp(
             run.model, tiny_batch(), run.optimizer, run.scheduler, run.scaler, 0.1, amp=amp
         )
         updates = [a - b for a, b in zip(parameters(run.model), before)]
@@ -481,25 +484,25 @@ def test_an_fp16_step_with_the_gradient_scaler_is_close_to_the_float32_step():
 
 
 def test_amp_auto_is_float32_on_a_cpu_and_names_are_checked():
-    assert at.autocast_dtype("auto", "cpu") is None
-    assert at.autocast_dtype("bf16", "cpu") is torch.bfloat16
-    assert at.autocast_dtype("fp16", "cuda") is torch.float16
+    assert eng.autocast_dtype("auto", "cpu") is None
+    assert eng.autocast_dtype("bf16", "cpu") is torch.bfloat16
+    assert eng.autocast_dtype("fp16", "cuda") is torch.float16
     with pytest.raises(ValueError, match="amp must be one of"):
-        at.autocast_dtype("half", "cpu")
+        eng.autocast_dtype("half", "cpu")
 
 
 def test_compiled_step_equals_eager_within_tolerance():
     config = dataclasses.replace(
         TINY, vocab_size=40, model=dataclasses.replace(TINY.model, dropout=0.0)
     )
-    runs = [at.RunState.new(config, 40) for _ in range(2)]
+    runs = [eng.RunState.new(config, 40) for _ in range(2)]
     compiled = torch.compile(runs[1].model)  # the model, as train(compile=True) does
-    assert at.unwrap(compiled) is runs[1].model
+    assert eng.unwrap(compiled) is runs[1].model
     for step in range(3):
         batch = tiny_batch(seed=step)
-        eager = at.train_step(runs[0].model, batch, runs[0].optimizer, runs[0].scheduler,
+        eager = eng.train_step_amp(runs[0].model, batch, runs[0].optimizer, runs[0].scheduler,
                               runs[0].scaler, 0.1)  # fmt: skip
-        fast = at.train_step(compiled, batch, runs[1].optimizer, runs[1].scheduler,
+        fast = eng.train_step_amp(compiled, batch, runs[1].optimizer, runs[1].scheduler,
                              runs[1].scaler, 0.1)  # fmt: skip
         assert torch.allclose(eager, fast, rtol=1e-4)
     for x, y in zip(parameters(runs[0].model), parameters(runs[1].model)):
@@ -510,19 +513,19 @@ def test_the_whole_training_step_runs_on_the_meta_device():
     # every tensor the step creates must follow the model's device: a placement error
     # (a tensor made on the CPU by default) fails here just as it would on a GPU
     with torch.device("meta"):
-        run = at.RunState.new(dataclasses.replace(TINY, vocab_size=40), 40, "meta")
+        run = eng.RunState.new(dataclasses.replace(TINY, vocab_size=40), 40, "meta")
     corpus = at.EncodedCorpus(at.copy_task_pairs(8, 40, 5, torch.Generator().manual_seed(0)))
-    batch = corpus.batch(list(range(8)), device="meta")
+    batch = eng.corpus_on(corpus, "meta").batch(list(range(8)))
     assert batch.src.device.type == "meta" and batch.tgt_mask.device.type == "meta"
-    sums = at.train_step(run.model, batch, run.optimizer, run.scheduler, run.scaler, 0.1)
+    sums = eng.train_step_amp(run.model, batch, run.optimizer, run.scheduler, run.scaler, 0.1)
     assert sums.device.type == "meta" and sums.shape == (2,)
 
 
 def meta_run_and_corpus():
     with torch.device("meta"):
-        run = at.RunState.new(dataclasses.replace(TINY, vocab_size=40), 40, "meta")
+        run = eng.RunState.new(dataclasses.replace(TINY, vocab_size=40), 40, "meta")
     data = at.copy_task_pairs(8, 40, 5, torch.Generator().manual_seed(0))
-    return run, data, at.EncodedCorpus(data).to("meta")
+    return run, data, eng.corpus_on(at.EncodedCorpus(data), "meta")
 
 
 def test_a_training_step_and_the_batch_it_trains_on_do_no_host_work():
@@ -533,15 +536,15 @@ def test_a_training_step_and_the_batch_it_trains_on_do_no_host_work():
     rows = torch.tensor(indices, device="meta")  # train_epoch copies an epoch's rows at once
 
     def step():
-        batch = corpus.batch(indices, rows=rows)
-        return at.train_step(run.model, batch, run.optimizer, run.scheduler, run.scaler, 0.1)
+        batch = eng.cut_batch(corpus, indices, rows=rows)
+        return eng.train_step_amp(run.model, batch, run.optimizer, run.scheduler, run.scaler, 0.1)
 
     assert host_work(step) == []
     src, tgt = (at.pad_ids([pair[side] for pair in data]).to("meta") for side in (0, 1))
     assert host_work(at.Batch.from_tensors, src, tgt) == []  # ntokens counted on the device
     assert host_work(at.target_mask, tgt, at.PAD_ID) == []
     memory = torch.zeros(8, src.size(1), 32, device="meta")
-    decoder = at.PrefixDecoder(run.model, memory, at.padding_mask(src, at.PAD_ID))
+    decoder = fd.PrefixDecoder(run.model, memory, at.padding_mask(src, at.PAD_ID))
     assert host_work(decoder.next_log_probs, tgt[:, :3]) == []
 
 
@@ -570,22 +573,22 @@ def test_amp_auto_picks_bf16_only_where_the_gpu_computes_in_it(capability, expec
         torch.cuda, "get_device_capability", lambda d: asked.append(d) or capability
     )
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    assert at.autocast_dtype("auto", "cuda:1") is expected
+    assert eng.autocast_dtype("auto", "cuda:1") is expected
     assert asked == [torch.device("cuda:1")]  # the training device, not the current one
-    assert at.autocast_dtype("fastest", "cuda:1") is expected
-    assert at.autocast_dtype("auto", "cpu") is None
+    assert eng.autocast_dtype("fastest", "cuda:1") is expected
+    assert eng.autocast_dtype("auto", "cpu") is None
 
 
 def test_tf32_is_set_through_fp32_precision_only_while_training_and_restored():
     matmul = torch.backends.cuda.matmul
     before = matmul.fp32_precision
-    with at.tf32_matmuls("cuda"):
+    with eng.tf32_matmuls("cuda"):
         assert matmul.fp32_precision == "tf32"
     assert matmul.fp32_precision == before
-    with pytest.raises(RuntimeError), at.tf32_matmuls("cuda:0"):
+    with pytest.raises(RuntimeError), eng.tf32_matmuls("cuda:0"):
         raise RuntimeError  # restored after an error too
     assert matmul.fp32_precision == before
-    with at.tf32_matmuls("cpu"):
+    with eng.tf32_matmuls("cpu"):
         assert matmul.fp32_precision == before
     source = pathlib.Path(at.__file__).read_text()
     assert "allow_tf32" not in source  # the deprecated switch, process-wide and never restored
@@ -593,17 +596,17 @@ def test_tf32_is_set_through_fp32_precision_only_while_training_and_restored():
 
 def test_the_schedule_does_not_advance_when_the_fp16_scaler_skips_an_update():
     config = dataclasses.replace(TINY, vocab_size=40)
-    run = at.RunState.new(config, 40, "cpu", torch.float16)
+    run = eng.RunState.new(config, 40, "cpu", torch.float16)
     d_model, factor, warmup = config.model.d_model, config.lr_factor, config.warmup_steps
     before = parameters(run.model)
     run.scaler = torch.amp.GradScaler("cpu", init_scale=1e38)  # the scaled loss overflows
-    at.train_step(run.model, tiny_batch(), run.optimizer, run.scheduler, run.scaler, 0.1,
+    eng.train_step_amp(run.model, tiny_batch(), run.optimizer, run.scheduler, run.scaler, 0.1,
                   amp=torch.float16)  # fmt: skip
     assert all(torch.equal(a, b) for a, b in zip(parameters(run.model), before))  # skipped
     assert run.scheduler.last_epoch == 0
     assert run.optimizer.param_groups[0]["lr"] == at.rate(1, d_model, factor, warmup)
     run.scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
-    at.train_step(run.model, tiny_batch(), run.optimizer, run.scheduler, run.scaler, 0.1,
+    eng.train_step_amp(run.model, tiny_batch(), run.optimizer, run.scheduler, run.scaler, 0.1,
                   amp=torch.float16)  # fmt: skip
     assert not all(torch.equal(a, b) for a, b in zip(parameters(run.model), before))  # made
     assert run.scheduler.last_epoch == 1
@@ -613,10 +616,10 @@ def test_the_schedule_does_not_advance_when_the_fp16_scaler_skips_an_update():
 def test_a_resume_in_another_precision_is_refused_and_fastest_keeps_the_saved_one(
     tmp_path, monkeypatch
 ):
-    at.train(TINY, toy_pairs(), tmp_path, log=quiet, amp="bf16")
+    eng.train(TINY, toy_pairs(), tmp_path, log=quiet, amp="bf16")
     more = dataclasses.replace(TINY, max_steps=8)
     with pytest.raises(ValueError, match=r"precision: 'bfloat16' -> 'float32'.*amp='bf16'"):
-        at.train(more, toy_pairs(), tmp_path, resume=True, log=quiet)
+        eng.train(more, toy_pairs(), tmp_path, resume=True, log=quiet)
     checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert checkpoint["precision"] == "bfloat16"
 
@@ -625,7 +628,7 @@ def test_a_resume_in_another_precision_is_refused_and_fastest_keeps_the_saved_on
 
     monkeypatch.setattr(at, "faster_precision", never)
     messages = []
-    at.train(more, toy_pairs(), tmp_path, resume=True, log=messages.append, amp="fastest")
+    eng.train(more, toy_pairs(), tmp_path, resume=True, log=messages.append, amp="fastest")
     assert "amp fastest: bfloat16 (the checkpoint)" in messages
 
 
@@ -633,24 +636,24 @@ def test_a_resume_in_another_precision_is_refused_and_fastest_keeps_the_saved_on
 def test_fastest_keeps_the_precision_whose_steps_take_less_time(slower, tmp_path, monkeypatch):
     clock = [0.0]
     monkeypatch.setattr(at.time, "perf_counter", lambda: clock[0])
-    original = at.train_step
+    original = eng.train_step_amp
 
     def timed(*args, amp=None, **kwargs):
         clock[0] += 2.0 if amp is slower else 1.0
         return original(*args, amp=amp, **kwargs)
 
-    monkeypatch.setattr(at, "train_step", timed)
-    monkeypatch.setattr(at, "native_bf16", lambda device: True)
+    monkeypatch.setattr(eng, "train_step_amp", timed)
+    monkeypatch.setattr(eng, "native_bf16", lambda device: True)
     pairs = toy_pairs()
     tokenizer = at.train_bpe(pairs, TINY.vocab_size)
     corpus = at.EncodedCorpus.from_pairs(pairs, tokenizer)
     state = torch.get_rng_state()
-    faster = at.faster_precision(TINY, corpus, tokenizer.get_vocab_size())
+    faster = eng.faster_precision(TINY, corpus, tokenizer.get_vocab_size())
     assert faster is (torch.bfloat16 if slower is None else None)
     assert torch.equal(torch.get_rng_state(), state)  # the run's initial weights are unchanged
-    monkeypatch.setattr(at, "native_bf16", lambda device: False)  # emulated: float32, untimed
+    monkeypatch.setattr(eng, "native_bf16", lambda device: False)  # emulated: float32, untimed
     clock[0] = 0.0
-    assert at.faster_precision(TINY, corpus, tokenizer.get_vocab_size()) is None
+    assert eng.faster_precision(TINY, corpus, tokenizer.get_vocab_size()) is None
     assert clock[0] == 0.0
 
 
@@ -665,14 +668,14 @@ def test_a_batch_cut_from_the_encoded_corpus_equals_one_padded_from_lists():
         for name in ("src", "tgt_in", "tgt_y", "src_mask", "tgt_mask"):
             assert torch.equal(getattr(fast, name), getattr(slow, name)), name
         assert fast.ntokens == slow.ntokens
-        bucketed = corpus.batch(indices, multiple_of=8)
+        bucketed = eng.cut_batch(corpus, indices, 8)
         assert bucketed.src.size(1) % 8 == 0 and bucketed.tgt_in.size(1) % 8 == 0
         assert bucketed.ntokens == slow.ntokens
 
 
 def test_the_loss_is_read_from_the_device_only_every_log_every_steps(tmp_path, monkeypatch):
     reads = []
-    original = at.record_losses
+    original = eng.record_losses
 
     def counting(state, pending, world):
         reads.append(len(state.history) + len(pending))  # the step a read reaches
@@ -681,9 +684,9 @@ def test_the_loss_is_read_from_the_device_only_every_log_every_steps(tmp_path, m
     monkeypatch.setattr(at, "record_losses", counting)
     pairs = toy_pairs(400)  # about 20 batches an epoch
     config = dataclasses.replace(TINY, max_steps=23, checkpoint_every=23, log_every=5)
-    _, tokenizer, history = at.train(config, pairs, tmp_path, log=quiet)
+    _, tokenizer, history = eng.train(config, pairs, tmp_path, log=quiet)
     corpus = at.EncodedCorpus.from_pairs(pairs, tokenizer)
-    per_epoch = len(at.epoch_updates(corpus, config, epoch=0))
+    per_epoch = len(eng.epoch_updates(corpus, config, epoch=0))
     assert per_epoch < 23
     # every 5 steps, at the end, and at the end of an epoch (once per pass over the data)
     assert reads == sorted({5, 10, 15, 20, 23, per_epoch}), reads
@@ -692,7 +695,7 @@ def test_the_loss_is_read_from_the_device_only_every_log_every_steps(tmp_path, m
 
 def test_validation_during_training_is_logged_and_stored_with_snapshots(tmp_path):
     config = dataclasses.replace(TINY, max_steps=6, eval_every=3, bleu_sentences=10)
-    at.train(config, toy_pairs(), tmp_path, val_pairs=toy_pairs(20, seed=5), log=quiet)
+    eng.train(config, toy_pairs(), tmp_path, val_pairs=toy_pairs(20, seed=5), log=quiet)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert [v["step"] for v in metrics["validation"]] == [3, 6]
     for entry in metrics["validation"]:
@@ -711,7 +714,7 @@ def test_validation_during_training_is_logged_and_stored_with_snapshots(tmp_path
 def test_a_given_tokenizer_is_used_and_not_retrained(tmp_path, monkeypatch):
     tokenizer = at.train_bpe(toy_pairs(), 200)
     monkeypatch.setattr(at, "train_bpe", lambda *a, **k: pytest.fail("retrained the BPE"))
-    _, used, _ = at.train(TINY, toy_pairs(), tmp_path, tokenizer=tokenizer, log=quiet)
+    _, used, _ = eng.train(TINY, toy_pairs(), tmp_path, tokenizer=tokenizer, log=quiet)
     assert used is tokenizer
     assert at.load_tokenizer(tmp_path / "tokenizer.json").to_str() == tokenizer.to_str()
 
@@ -724,19 +727,19 @@ def test_a_second_process_cannot_train_into_a_busy_folder(tmp_path):
     try:
         (tmp_path / ".lock").write_text(f"{socket.gethostname()} {sleeper.pid}\n")
         with pytest.raises(FileExistsError, match="is in use by process"):
-            at.train(TINY, toy_pairs(), tmp_path, log=quiet)
+            eng.train(TINY, toy_pairs(), tmp_path, log=quiet)
     finally:
         sleeper.kill()
         sleeper.wait()
     # the holder is dead now: its lock is stale and the folder is taken over
-    at.train(TINY, toy_pairs(), tmp_path, log=quiet)
+    eng.train(TINY, toy_pairs(), tmp_path, log=quiet)
     assert not (tmp_path / ".lock").exists()  # released at the end
 
 
 def test_stale_temporary_files_of_a_killed_save_are_removed_at_the_next_start(tmp_path):
-    at.train(TINY, toy_pairs(), tmp_path, log=quiet)
+    eng.train(TINY, toy_pairs(), tmp_path, log=quiet)
     (tmp_path / "checkpoint.ptabc123.tmp").write_bytes(b"half a checkpoint")
-    at.train(dataclasses.replace(TINY, max_steps=7), toy_pairs(), tmp_path, resume=True, log=quiet)
+    eng.train(dataclasses.replace(TINY, max_steps=7), toy_pairs(), tmp_path, resume=True, log=quiet)
     assert not list(tmp_path.glob("*.tmp"))
 
 
@@ -744,21 +747,21 @@ def test_a_missing_gpu_is_reported_before_any_work(tmp_path, monkeypatch):
     monkeypatch.setattr(at.torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(at, "train_bpe", lambda *a, **k: pytest.fail("work was done first"))
     with pytest.raises(ValueError, match="sees no GPU"):
-        at.train(TINY, toy_pairs(), tmp_path, device="cuda", log=quiet)
+        eng.train(TINY, toy_pairs(), tmp_path, device="cuda", log=quiet)
     with pytest.raises(ValueError, match="is not a device"):
-        at.train(TINY, toy_pairs(), tmp_path, device="gpu0", log=quiet)
+        eng.train(TINY, toy_pairs(), tmp_path, device="gpu0", log=quiet)
 
 
 @pytest.mark.parametrize("content", [b"", b"garbage, not a checkpoint", b"PK\x03\x04broken zip"])
 def test_a_damaged_checkpoint_is_reported_with_its_path(tmp_path, content):
-    at.train(TINY, toy_pairs(), tmp_path, log=quiet)
+    eng.train(TINY, toy_pairs(), tmp_path, log=quiet)
     path = tmp_path / "checkpoint.pt"
     path.write_bytes(content)
     message = f"{path} cannot be read as a checkpoint .*not a checkpoint written by train"
     with pytest.raises(ValueError, match=message):
         at.read_checkpoint(path)
     with pytest.raises(ValueError, match=message):
-        at.train(dataclasses.replace(TINY, max_steps=9), toy_pairs(), tmp_path, resume=True,
+        eng.train(dataclasses.replace(TINY, max_steps=9), toy_pairs(), tmp_path, resume=True,
                  log=quiet)  # fmt: skip
 
 
@@ -771,7 +774,7 @@ def test_a_foreign_file_is_reported_as_not_a_checkpoint(tmp_path):
 
 def test_training_on_no_pairs_is_refused(tmp_path):
     with pytest.raises(ValueError, match="train_pairs is empty"):
-        at.train(TINY, [], tmp_path, log=quiet)
+        eng.train(TINY, [], tmp_path, log=quiet)
     assert not any(tmp_path.iterdir())
 
 
@@ -779,16 +782,16 @@ def test_an_empty_out_dir_is_refused_before_anything_is_written(tmp_path, monkey
     monkeypatch.chdir(tmp_path)  # an empty path would otherwise mean the working directory
     for empty in ("", "  ", ".", pathlib.Path("")):
         with pytest.raises(ValueError, match="is the working directory: pass a folder"):
-            at.train(TINY, toy_pairs(), empty, log=quiet)
+            eng.train(TINY, toy_pairs(), empty, log=quiet)
     assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda: at.apply_changes(TINY, {"heads": 4}), "unknown field 'heads'"),
-        (lambda: at.autocast_dtype("fp32", "cpu"), "amp must be one of auto, bf16, fp16, off"),
-        (lambda: at.check_device("gpu0"), "device='gpu0': it is not a device"),
+        (lambda: eng.apply_changes(TINY, {"heads": 4}), "unknown field 'heads'"),
+        (lambda: eng.autocast_dtype("fp32", "cpu"), "amp must be one of auto, bf16, fp16, off"),
+        (lambda: eng.check_device("gpu0"), "device='gpu0': it is not a device"),
     ],
 )
 def test_public_functions_refuse_bad_arguments_naming_them(call, message):
@@ -809,7 +812,7 @@ def test_the_plain_fit_and_the_full_train_give_the_same_parameters(tmp_path):
     corpus = at.EncodedCorpus.from_pairs(pairs, tokenizer)
     assert len(at.batch_by_tokens(corpus.lengths, config.max_tokens)) < 15
     plain, losses = at.fit(config, corpus, tokenizer.get_vocab_size())
-    full, _, history = at.train(config, pairs, tmp_path, tokenizer=tokenizer, log=quiet)
+    full, _, history = eng.train(config, pairs, tmp_path, tokenizer=tokenizer, log=quiet)
     assert all(torch.equal(a, b) for a, b in zip(parameters(plain), parameters(full)))
     assert [round(loss, 5) for loss in losses] == [h["loss"] for h in history]
 
@@ -820,16 +823,16 @@ def test_native_bf16_on_this_cpu_follows_its_instruction_flags():
     for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("flags"):
             flags |= set(line.split(":", 1)[1].split())
-    assert at.native_bf16("cpu") == bool({"avx512_bf16", "amx_tile"} & flags)
+    assert eng.native_bf16("cpu") == bool({"avx512_bf16", "amx_tile"} & flags)
 
 
 def test_train_with_cuda_graphs_runs_its_step_eagerly_on_a_cpu_as_the_plain_loop(tmp_path):
     # the same updates through the capturable step (bucketed batches with filler rows, fused
     # AdamW, Eq. (3) on the device) as through train_step; dropout off, as padding would
     # change which random numbers a row draws
-    config = dataclasses.replace(at.apply_changes(TINY, {"dropout": 0.0}), max_steps=6)
-    plain, _, plain_history = at.train(config, toy_pairs(), tmp_path / "plain", log=quiet)
-    graphed, _, graphed_history = at.train(
+    config = dataclasses.replace(eng.apply_changes(TINY, {"dropout": 0.0}), max_steps=6)
+    plain, _, plain_history = eng.train(config, toy_pairs(), tmp_path / "plain", log=quiet)
+    graphed, _, graphed_history = eng.train(
         config, toy_pairs(), tmp_path / "graphed", log=quiet, cuda_graphs=True
     )
     for (name, a), b in zip(plain.state_dict().items(), graphed.state_dict().values()):
@@ -839,10 +842,10 @@ def test_train_with_cuda_graphs_runs_its_step_eagerly_on_a_cpu_as_the_plain_loop
         assert a["lr"] == pytest.approx(b["lr"], rel=1e-12) and a["tokens"] == b["tokens"]
     more = dataclasses.replace(config, max_steps=8)
     with pytest.raises(ValueError, match="cuda_graphs: True -> False"):
-        at.train(more, toy_pairs(), tmp_path / "graphed", resume=True, log=quiet)
-    _, _, history = at.train(
+        eng.train(more, toy_pairs(), tmp_path / "graphed", resume=True, log=quiet)
+    _, _, history = eng.train(
         more, toy_pairs(), tmp_path / "graphed", resume=True, log=quiet, cuda_graphs=True
     )
     assert [h["step"] for h in history] == list(range(1, 9))
     with pytest.raises(ValueError, match="drop compile"):
-        at.train(config, toy_pairs(), tmp_path / "c", log=quiet, cuda_graphs=True, compile=True)
+        eng.train(config, toy_pairs(), tmp_path / "c", log=quiet, cuda_graphs=True, compile=True)

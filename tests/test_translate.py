@@ -13,6 +13,7 @@ import sacrebleu
 import torch
 
 import annotated_transformer as at
+import engineering_runs as eng
 import translate
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -39,7 +40,7 @@ def translator():
 def val():
     """Eight Multi30k validation pairs, their beam-4 translations by the module, and (for
     --greedy) the greedy ones."""
-    pairs = at.load_multi30k("val")[:8]
+    pairs = eng.load_multi30k("val")[:8]
     sources = [s for s, _ in pairs]
     model, tokenizer = at.load_checkpoint(SHIPPED)
     return {

@@ -22,6 +22,7 @@ import urllib.parse
 import pytest
 
 import annotated_transformer as at
+import engineering_runs as eng
 import export_onnx
 import headless
 
@@ -125,7 +126,7 @@ def open_page(port, sentence, width, profile):
 @pytest.fixture(scope="module")
 def sentences():
     """Three validation sentences and their translations by the module (beam 4, α = 0.6)."""
-    pairs = at.load_multi30k("val")
+    pairs = eng.load_multi30k("val")
     chosen = [pairs[i][0] for i in (1, 2, 6)]
     model, tokenizer = at.load_checkpoint(export_onnx.SHIPPED)
     return dict(zip(chosen, at.translate(model, tokenizer, chosen, beam_size=4)))

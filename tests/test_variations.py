@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import annotated_transformer as at
+import engineering_runs as eng
 import variations
 from toy import toy_ids, toy_pairs
 
@@ -97,7 +98,7 @@ def test_table3_has_the_papers_rows():
 
 @pytest.mark.parametrize("row", at.TABLE3_ROWS, ids=lambda row: row.label)
 def test_each_row_builds_a_valid_config_with_exactly_its_changes(row):
-    config = at.apply_changes(PAPER_BASE, row.changes)
+    config = eng.apply_changes(PAPER_BASE, row.changes)
     for name, value in row.changes.items():
         where = config if name == "smoothing" else config.model
         assert getattr(where, name) == value
@@ -117,7 +118,7 @@ def test_each_row_builds_a_valid_config_with_exactly_its_changes(row):
 )
 def test_parameter_counts_are_close_to_the_papers(row):
     # the paper counts about 2M more everywhere (its exact vocabulary is not given)
-    ours = paper_scale_parameters(at.apply_changes(PAPER_BASE, row.changes)) / 1e6
+    ours = paper_scale_parameters(eng.apply_changes(PAPER_BASE, row.changes)) / 1e6
     assert ours == pytest.approx(row.params_m, rel=0.07)
 
 
@@ -126,7 +127,7 @@ def test_smaller_d_k_has_fewer_parameters():
     of which there are 3N (encoder self, decoder self, encoder-decoder)."""
     base = paper_scale_parameters(PAPER_BASE)
     for d_k in (16, 32):
-        fewer = base - paper_scale_parameters(at.apply_changes(PAPER_BASE, {"d_k": d_k}))
+        fewer = base - paper_scale_parameters(eng.apply_changes(PAPER_BASE, {"d_k": d_k}))
         assert fewer == 3 * 6 * 2 * 512 * 8 * (64 - d_k)
 
 
@@ -134,14 +135,14 @@ def test_learned_positions_add_one_table_per_stack():
     """(E): a trained (max_len, d_model) table for the encoder's input and one for the
     decoder's, in place of the fixed sinusoids, which have no parameters."""
     for config in (PAPER_BASE, variations.SCALES["cpu"].base):
-        learned = at.apply_changes(config, {"positions": "learned"})
+        learned = eng.apply_changes(config, {"positions": "learned"})
         extra = paper_scale_parameters(learned) - paper_scale_parameters(config)
         assert extra == 2 * config.model.max_len * config.model.d_model
 
 
 def test_an_unknown_field_is_refused():
     with pytest.raises(ValueError, match="heads"):
-        at.apply_changes(PAPER_BASE, {"heads": 4})
+        eng.apply_changes(PAPER_BASE, {"heads": 4})
 
 
 # ---- the rows at CPU scale -------------------------------------------------------------
@@ -169,7 +170,7 @@ def value_of(config, name):
 def test_each_cpu_row_changes_the_papers_fields_in_the_papers_direction(row):
     ours, cpu_base = variations.CPU_ROWS[row.label], variations.SCALES["cpu"].base
     assert set(row.changes) <= set(ours)
-    scaled, paper = at.apply_changes(cpu_base, ours), at.apply_changes(PAPER_BASE, row.changes)
+    scaled, paper = eng.apply_changes(cpu_base, ours), eng.apply_changes(PAPER_BASE, row.changes)
     for name, value in row.changes.items():
         if isinstance(value, str):
             assert ours[name] == value
@@ -229,7 +230,7 @@ def test_the_logged_train_py_command_rebuilds_the_variant():
     import cli
     import train
 
-    config = at.apply_changes(variations.SCALES["cpu"].base, {"h": 1, "d_k": 256, "d_v": 256})
+    config = eng.apply_changes(variations.SCALES["cpu"].base, {"h": 1, "d_k": 256, "d_v": 256})
     command = cli.command_for(config)
     assert command.startswith("python code/train.py --profile quick")
     for flag in ("--h 1", "--d-k 256", "--d-v 256", "--N 3", "--vocab-size 5000"):

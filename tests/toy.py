@@ -5,8 +5,9 @@ another)."""
 import torch
 
 import annotated_transformer as at
+import engineering_runs as eng
 
-TINY = at.PROFILES["tiny"]
+TINY = eng.PROFILES["tiny"]
 WORDS = "a man woman dog runs sits on the red blue big small ball street grass".split()
 
 

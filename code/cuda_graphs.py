@@ -1,0 +1,228 @@
+"""Training with CUDA graphs (ours): the code of chapters/cuda_graphs.ipynb.
+
+GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
+`#| export` in chapters/cuda_graphs.ipynb; change the page, then run `python code/export.py`.
+"""
+
+
+# --------------------------------------------------------------------------------------
+# Training with CUDA graphs (ours), from chapters/cuda_graphs.ipynb
+# --------------------------------------------------------------------------------------
+
+import contextlib
+import typing
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from annotated_transformer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    Batch,
+    forward_loss,
+    padding_mask,
+    rate,
+    subsequent_mask,
+)
+
+
+BUCKETS = (8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256)
+
+
+def bucket(n, buckets=BUCKETS):
+    """CUDA graphs: the smallest of `buckets` (ascending) that holds n; past the largest, the
+    next multiple of the largest, so that any n has a bucket."""
+    for size in buckets:
+        if n <= size:
+            return size
+    return -(-n // buckets[-1]) * buckets[-1]
+
+
+def bucketed_ids(corpus, indices, buckets=BUCKETS, rows=None):
+    """CUDA graphs: the source ids (size, S) and target ids (size, T + 1) of these pairs of an
+    EncodedCorpus, cut from its tables where they are: the longest source rounded up to a
+    bucket S, the longest target without <s> to a bucket T, the number of pairs to a bucket
+    `size`. The rows added are fillers that add nothing to the loss: a source of one </s>,
+    a target of <s> alone, so that every query has a real key to attend to. rows: the
+    indices as a tensor on the tables' device, when the caller has them there."""
+    if rows is None:
+        rows = torch.tensor(indices, device=corpus.src.device)
+    real, size = len(indices), bucket(len(indices), buckets)
+    sides = []
+    for side, table, first in ((0, corpus.src, EOS_ID), (1, corpus.tgt, BOS_ID)):
+        longest = max(corpus.lengths[i][side] for i in indices) - side  # target: less <s>
+        length = bucket(longest, buckets) + side
+        cut = table.narrow(1, 0, min(length, table.size(1))).index_select(0, rows)
+        cut = F.pad(cut, (0, length - cut.size(1), 0, size - real), value=corpus.pad_id)
+        cut[real:, 0].fill_(first)  # the fillers' one real token
+        sides.append(cut)
+    return sides
+
+
+def bucketed_batch(corpus, indices, buckets=BUCKETS):
+    """CUDA graphs: the Batch of bucketed_ids; its ntokens counts the real target tokens."""
+    src, tgt = bucketed_ids(corpus, indices, buckets)
+    return Batch.from_tensors(src, tgt, corpus.target_tokens(indices), corpus.pad_id)
+
+
+def device_rate(step, model_size, factor=1.0, warmup=4000):
+    """CUDA graphs: Eq. (3) as `rate` computes it, for a step count held in a tensor, computed
+    where the tensor is; step 0 counts as step 1."""
+    step = step.clamp(min=1)
+    return factor * model_size**-0.5 * torch.minimum(step.rsqrt(), step * warmup**-1.5)
+
+
+class DeviceSchedule:
+    """CUDA graphs: the learning rate of Eq. (3), kept on the device where a captured step can
+    set it. `steps` counts the updates made; `lr` is the tensor the optimizer reads, holding
+    the rate of the next update (as make_optimizer's LambdaLR keeps it). step() advances
+    both on the device; state_dict() reads the count back, for checkpoints."""
+
+    def __init__(self, optimizer, d_model, factor=1.0, warmup=4000):
+        self.lr = optimizer.param_groups[0]["lr"]
+        if not all(group["lr"] is self.lr for group in optimizer.param_groups):
+            raise ValueError("every parameter group must read the same learning-rate tensor")
+        self.steps = torch.zeros((), dtype=torch.float32, device=self.lr.device)
+        self.d_model, self.factor, self.warmup = d_model, factor, warmup
+        self.step(advance=False)
+
+    def step(self, advance=True):
+        if advance:
+            self.steps += 1
+        self.lr.copy_(device_rate(self.steps + 1, self.d_model, self.factor, self.warmup))
+
+    def state_dict(self):
+        return {"steps": int(self.steps.item())}
+
+    def load_state_dict(self, state):
+        self.steps.fill_(state["steps"])
+        self.step(advance=False)
+
+
+def make_capturable_optimizer(model, d_model, factor=1.0, warmup=4000, weight_decay=0.0):
+    """CUDA graphs: make_optimizer's AdamW and Eq. (3) for a step that can be captured: fused
+    (one kernel updates every parameter), its learning rate a float32 tensor on the
+    parameters' device that a DeviceSchedule sets, capturable on a GPU (its step counts
+    stay there too). Returns (optimizer, schedule)."""
+    device = next(model.parameters()).device
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=rate(1, d_model, factor, warmup),
+        betas=(0.9, 0.98),
+        eps=1e-9,
+        weight_decay=weight_decay,
+        fused=True,
+        capturable=device.type == "cuda",
+    )
+    lr = torch.zeros((), dtype=torch.float32, device=device)  # the fused kernel reads a float
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return optimizer, DeviceSchedule(optimizer, d_model, factor, warmup)
+
+
+def capturable_step(model, optimizer, schedule, smoothing, amp=None):
+    """CUDA graphs: train_step as a function of tensors alone, that a CUDA graph can capture.
+    step(src, tgt, ntokens, causal): source ids (batch, S), target ids with <s> and </s>
+    (batch, T + 1), the real target tokens (a number, or a tensor on the device), and
+    subsequent_mask(T) on the device. Forward, loss per real token, backward, the optimizer's
+    and the schedule's step, gradients zeroed in place; returns [loss, nll] summed."""
+    if amp == torch.float16:
+        raise ValueError("float16 needs a gradient scaler, which reads the device: use bf16")
+
+    def step(src, tgt, ntokens, causal):
+        tgt_in, tgt_y = tgt[:, :-1], tgt[:, 1:]
+        # target_mask, its causal part made once per length, outside the step
+        masks = padding_mask(src, PAD_ID), padding_mask(tgt_in, PAD_ID) & causal
+        batch = Batch(src, tgt_in, tgt_y, *masks, ntokens)
+        precision = contextlib.nullcontext()
+        if amp:  # no cache of cast weights in a capture (make_graphed_callables refuses it)
+            precision = torch.autocast(src.device.type, amp, cache_enabled=False)
+        with precision:
+            loss, nll = forward_loss(model, batch, smoothing)
+        (loss / ntokens).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)  # the same gradient buffers in every replay
+        schedule.step()
+        return torch.stack([loss.detach(), nll])
+
+    return step
+
+
+@dataclass
+class StaticStep:
+    """CUDA graphs: a batch shape's input buffers, its output, and its graph once captured."""
+
+    src: torch.Tensor
+    tgt: torch.Tensor
+    ntokens: torch.Tensor
+    causal: torch.Tensor
+    sums: torch.Tensor
+    graph: typing.Any = None
+    eager_steps: int = 0
+
+
+class GraphedTrainStep:
+    """CUDA graphs: a training step replayed as one CUDA graph per batch shape, for one
+    process. runner(src, tgt, ntokens), with ids as bucketed_ids cuts them and the real
+    target tokens (a number from the host), returns [loss, nll] summed over the batch, on the
+    device, as train_step does. On a GPU the first `eager_steps` batches of a shape run
+    eagerly on a side stream (warm-up, and real updates), the next is captured, and every
+    later one is copied into the shape's buffers and replayed. A graph keeps the addresses of
+    the parameters, gradients and optimizer state: load checkpoints before the first step.
+    On a CPU (or `meta`) every batch runs the same step eagerly."""
+
+    def __init__(self, model, optimizer, schedule, smoothing, amp=None, eager_steps=3):
+        if eager_steps < 1:  # the optimizer's state must exist before a capture
+            raise ValueError(f"eager_steps must be at least 1, got {eager_steps}")
+        self.step = capturable_step(model, optimizer, schedule, smoothing, amp)
+        self.device, self.eager_steps = schedule.lr.device, eager_steps
+        self.graphed = self.device.type == "cuda"
+        self.shapes, self.masks = {}, {}
+        if self.graphed:
+            self.stream = torch.cuda.Stream(self.device)  # warm-up and capture, one stream
+            self.pool = torch.cuda.graph_pool_handle()  # one memory pool for every graph
+
+    def causal(self, length):
+        """subsequent_mask(length) on the device, made once per target length."""
+        if length not in self.masks:
+            self.masks[length] = subsequent_mask(length, self.device)
+        return self.masks[length]
+
+    def static(self, src, tgt):
+        """The buffers of this batch shape, made at its first batch."""
+        key = (*src.shape, tgt.size(1))
+        if key not in self.shapes:
+            ntokens, sums = torch.zeros((), device=self.device), torch.zeros(2, device=self.device)
+            causal = self.causal(tgt.size(1) - 1)
+            self.shapes[key] = StaticStep(
+                torch.empty_like(src), torch.empty_like(tgt), ntokens, causal, sums
+            )
+        return self.shapes[key]
+
+    def __call__(self, src, tgt, ntokens):
+        if not self.graphed:
+            return self.step(src, tgt, ntokens, self.causal(tgt.size(1) - 1))
+        static = self.static(src, tgt)
+        static.src.copy_(src)
+        static.tgt.copy_(tgt)
+        static.ntokens.fill_(ntokens)
+        inputs = static.src, static.tgt, static.ntokens, static.causal
+        if static.graph is None and static.eager_steps < self.eager_steps:
+            current = torch.cuda.current_stream(self.device)
+            self.stream.wait_stream(current)
+            with torch.cuda.stream(self.stream), warnings.catch_warnings():
+                # capturable=True warns when it runs uncaptured, as warm-up must
+                warnings.filterwarnings("ignore", "This instance was constructed with capturable")
+                static.sums.copy_(self.step(*inputs))
+            current.wait_stream(self.stream)
+            static.eager_steps += 1
+            return static.sums.clone()
+        if static.graph is None:  # capture records the step's kernels and runs none of them
+            static.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(static.graph, pool=self.pool, stream=self.stream):
+                static.sums.copy_(self.step(*inputs))
+        static.graph.replay()
+        return static.sums.clone()  # the next replay overwrites static.sums

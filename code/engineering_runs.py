@@ -1,0 +1,922 @@
+"""Engineering: runs that survive (ours): the code of chapters/engineering_runs.ipynb.
+
+GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
+`#| export` in chapters/engineering_runs.ipynb; change the page, then run `python code/export.py`.
+"""
+
+
+# --------------------------------------------------------------------------------------
+# Engineering: runs that survive (ours), from chapters/engineering_runs.ipynb
+# --------------------------------------------------------------------------------------
+
+import contextlib
+import copy
+import dataclasses
+import gzip
+import hashlib
+import itertools
+import json
+import math
+import os
+import pathlib
+import platform
+import shutil
+import socket
+import time
+import typing
+import urllib.request
+import warnings
+from dataclasses import dataclass, field, replace
+
+import sacrebleu
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+from torch import nn
+from tqdm import tqdm
+
+from annotated_transformer import (
+    BASE,
+    SMALL,
+    Batch,
+    EncodedCorpus,
+    ModelConfig,
+    TrainConfig,
+    batch_by_tokens,
+    build_model,
+    forward_loss,
+    load_tokenizer,
+    make_optimizer,
+    rate,
+    read_checkpoint,
+    train_bpe,
+    translate,
+    validation_loss,
+)
+from cuda_graphs import GraphedTrainStep, bucketed_ids, make_capturable_optimizer
+from fast_decoding import fast_decode_batch
+
+
+MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
+MULTI30K_SPLITS = {"train": "train", "val": "val", "test2016": "test_2016_flickr"}
+# SHA-256 of the gzip files as published; a download or local copy that differs is refused
+MULTI30K_SHA256 = {
+    "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
+    "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
+    "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
+    "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
+    "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
+    "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
+}
+
+
+class DatasetError(RuntimeError):
+    """A data file is missing, corrupt or cannot be downloaded; the message says what to do."""
+
+
+def sha256_of(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def default_cache_dir():
+    """Where downloads go: $XDG_CACHE_HOME (or ~/.cache)/annotated-transformer/multi30k."""
+    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+    return pathlib.Path(base) / "annotated-transformer" / "multi30k"
+
+
+def download(url, path, sha256):
+    """Fetch url to path, verified: the bytes go to a temporary file in the same folder,
+    renamed into place only once their checksum matches; nothing else is left behind."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f"{path.name}.{os.getpid()}.part")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, open(part, "wb") as file:
+            shutil.copyfileobj(response, file)
+        problem = None if sha256_of(part) == sha256 else f"its SHA-256 is not {sha256}"
+        if problem is None:
+            os.replace(part, path)
+    except OSError as error:  # urllib's URLError is an OSError
+        problem = str(error)
+    finally:
+        part.unlink(missing_ok=True)
+    if problem:
+        raise DatasetError(
+            f"could not download {url} ({problem}); nothing was kept. Try again, or point "
+            f"the loader at a verified local copy: set MULTI30K_DIR or pass data_dir"
+        )
+    return path
+
+
+def multi30k_file(filename, data_dir=None, base_url=MULTI30K_URL):
+    """The verified path of one Multi30k file: from data_dir (or $MULTI30K_DIR) when given,
+    otherwise from the cache, downloading it there first if needed."""
+    expected = MULTI30K_SHA256[filename]
+    local = data_dir or os.environ.get("MULTI30K_DIR")
+    if not local:
+        path = default_cache_dir() / filename
+        if path.is_file() and sha256_of(path) == expected:
+            return path
+        return download(base_url + filename, path, expected)
+    path = pathlib.Path(local) / filename
+    problem = "does not exist" if not path.is_file() else None
+    if problem is None and sha256_of(path) != expected:
+        problem = "has the wrong SHA-256: it is corrupt or not the published file"
+    if problem:
+        raise DatasetError(
+            f"{path} {problem}; the local Multi30k copy (data_dir or MULTI30K_DIR={local}) "
+            f"must hold {filename} with SHA-256 {expected}: download it from {base_url}{filename}"
+        )
+    return path
+
+
+def load_multi30k(split, src_lang="de", tgt_lang="en", data_dir=None, base_url=MULTI30K_URL):
+    """§5.1 on Multi30k: the aligned (source, target) sentence pairs of one split
+    (train: 29000, val: 1014, test2016: 1000), each file verified against its SHA-256."""
+    if split not in MULTI30K_SPLITS or {src_lang, tgt_lang} != {"de", "en"}:
+        raise ValueError(
+            f"split must be one of {sorted(MULTI30K_SPLITS)} and src_lang, tgt_lang 'de' and "
+            f"'en' in either order; got split={split!r}, src_lang={src_lang!r}, "
+            f"tgt_lang={tgt_lang!r}"
+        )
+    sides = []
+    for lang in (src_lang, tgt_lang):
+        path = multi30k_file(f"{MULTI30K_SPLITS[split]}.{lang}.gz", data_dir, base_url)
+        with gzip.open(path, "rt", encoding="utf-8") as file:
+            sides.append([line.rstrip("\n") for line in file])
+    return list(zip(*sides, strict=True))  # the published files are aligned line by line
+
+
+AMP_CHOICES = ("auto", "bf16", "fp16", "off", "fastest")
+PRECISIONS = {None: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+AMP_OF_PRECISION = {"float32": "off", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def autocast_dtype(amp, device):
+    """The autocast dtype that `amp` means on `device` (None: float32 throughout); for
+    "fastest" on a CPU, see faster_precision."""
+    if amp is None or amp == "off":
+        return None
+    if amp not in AMP_CHOICES:
+        raise ValueError(f"amp must be one of {', '.join(AMP_CHOICES)}, got {amp!r}")
+    device = torch.device(device)
+    if amp in ("auto", "fastest"):
+        if device.type != "cuda":
+            return None
+        return torch.bfloat16 if native_bf16(device) else torch.float16
+    return torch.bfloat16 if amp == "bf16" else torch.float16
+
+
+def native_bf16(device):
+    """Whether `device` multiplies in bfloat16 natively: a GPU of compute capability 8.0
+    (Ampere) or later, a CPU with AVX-512 BF16 or AMX. Elsewhere bfloat16 is emulated, and
+    slower than float32 (torch.cuda.is_bf16_supported() says yes to an emulating T4)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= (8, 0)
+    # torch's own cpuinfo, not mkldnn's check, which says yes to any AVX-512 CPU; these
+    # helpers are private to torch: should they go, the answer is no
+    try:
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def faster_precision(config, corpus, vocab, steps=3):
+    """float32 (None) or bfloat16, whichever trains this recipe faster on this CPU: a
+    scratch model takes one warm-up and `steps` timed updates in each, on the first
+    batches of the run's first epoch (and without native bfloat16, float32 untimed). The
+    random state is left as it was."""
+    if not native_bf16("cpu"):
+        return None
+    plan = epoch_updates(corpus, config, epoch=0)[: steps + 1]
+    batches = [corpus.batch(indices) for indices, *_ in plan]
+    seconds = {}
+    with torch.random.fork_rng():
+        for amp in (None, torch.bfloat16):
+            run = RunState.new(config, vocab, amp=amp)
+            for i, batch in enumerate(batches):
+                if i == 1:
+                    started = time.perf_counter()
+                args = run.optimizer, run.scheduler, run.scaler, config.smoothing
+                train_step_amp(run.model, batch, *args, amp=amp).tolist()
+            seconds[amp] = time.perf_counter() - started
+    return min(seconds, key=seconds.get)
+
+
+def check_device(device):
+    """Refuse a device this machine lacks before any work is done."""
+    try:
+        problem = None
+        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+            problem = "this PyTorch sees no GPU (torch.cuda.is_available() is False); train "
+            problem += "on device='cpu' or install a CUDA build of PyTorch"
+    except RuntimeError:
+        problem = "it is not a device: use cpu, cuda or cuda:N"
+    if problem:
+        raise ValueError(f"device={device!r}: {problem}")
+
+
+def cpu_model():
+    """The CPU's model name from /proc/cpuinfo (Linux), else what platform knows of it."""
+    try:
+        with open("/proc/cpuinfo") as file:
+            return next(line.split(":", 1)[1].strip() for line in file if "model name" in line)
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def hardware_description(device="cpu"):
+    """One line naming the machine a result came from: GPU name, or CPU model and threads."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+    threads = torch.get_num_threads()
+    return f"{cpu_model()}, {threads} thread{'s' * (threads != 1)}, torch {torch.__version__}"
+
+
+def unwrap(model):
+    """The EncoderDecoder inside a DistributedDataParallel or torch.compile wrapper."""
+    while hasattr(model, "module") or hasattr(model, "_orig_mod"):
+        model = model.module if hasattr(model, "module") else model._orig_mod
+    return model
+
+
+class DistributedModel(nn.parallel.DistributedDataParallel):
+    """DistributedDataParallel that lends its model's generator (forward_loss reads it)."""
+
+    @property
+    def generator(self):
+        return self.module.generator
+
+
+def train_step_amp(model, batch, optimizer, scheduler, scaler, smoothing, ntokens=None, amp=None):
+    """train_step (chapter 5) in mixed precision, for one process's share of an update: the
+    loss averaged over `ntokens` target tokens (the batch's own by default). amp: an
+    autocast dtype or None; scaler: a torch.amp.GradScaler, disabled unless amp is float16.
+    Returns [loss, nll] summed over the batch, on the device."""
+    precision = torch.autocast(batch.src.device.type, amp) if amp else contextlib.nullcontext()
+    with precision:
+        loss, nll = forward_loss(model, batch, smoothing)
+    scaler.scale(loss / (ntokens or batch.ntokens)).backward()
+    scale = scaler.get_scale() if scaler.is_enabled() else None
+    scaler.step(optimizer)  # float16: skipped when a gradient overflowed,
+    scaler.update()  # and then the scale is lowered
+    optimizer.zero_grad(set_to_none=True)
+    if scale is None or scaler.get_scale() >= scale:  # Eq. (3) counts the updates made
+        scheduler.step()
+    return torch.stack([loss.detach(), nll])
+
+
+def corpus_on(corpus, device):
+    """The EncodedCorpus with its two tables on `device`; the lengths stay on the host, which
+    needs them to know each batch's shape. Batches are then cut where the model is."""
+    moved = copy.copy(corpus)
+    moved.src, moved.tgt = corpus.src.to(device), corpus.tgt.to(device)
+    return moved
+
+
+def cut_batch(corpus, indices, multiple_of=1, rows=None):
+    """corpus.batch(indices), its lengths rounded up to a multiple of `multiple_of` (fewer
+    shapes for torch.compile). rows: the indices, already a tensor on the tables' device;
+    given, the batch is cut without a copy from the host."""
+    if rows is None:
+        rows = torch.tensor(indices, device=corpus.src.device)
+    sides = []
+    for side, table in enumerate((corpus.src, corpus.tgt)):
+        longest = max(corpus.lengths[i][side] for i in indices) - side  # tgt: minus <s>/</s>
+        longest = -(-longest // multiple_of) * multiple_of + side
+        cut = table.narrow(1, 0, min(longest, table.size(1)))[rows]
+        sides.append(F.pad(cut, (0, longest - cut.size(1)), value=corpus.pad_id))
+    return Batch.from_tensors(*sides, corpus.target_tokens(indices), corpus.pad_id)
+
+
+CHECKPOINT_FORMAT = 3  # checkpoints record it; another format is refused on resume
+
+
+def save_checkpoint(path, payload):
+    """torch.save to a temporary file beside `path`, then an atomic rename."""
+    path = pathlib.Path(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as file:
+            torch.save(payload, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json(path, data):
+    """JSON written as atomically as a checkpoint (a reader never sees half a file)."""
+    tmp = pathlib.Path(f"{path}.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def snapshot_paths(out_dir):
+    """The weight snapshots of a run, oldest first: out_dir/checkpoint-<step>.pt."""
+    return sorted(pathlib.Path(out_dir).glob("checkpoint-*.pt"))
+
+
+class RunFolderBusy(FileExistsError):
+    """Another live process is training in this folder."""
+
+
+class RunFolder:
+    """with RunFolder(out, resume): out exists, holds no finished run unless resume, is
+    locked by this process (out/.lock: host and pid), and holds no stale temporary files;
+    owner=False (torchrun ranks > 0) touches nothing."""
+
+    def __init__(self, out, resume=False, owner=True):
+        self.out, self.resume, self.owner = pathlib.Path(out), resume, owner
+        self.lock = self.out / ".lock"
+
+    def __enter__(self):
+        if not self.owner:
+            return self
+        if not self.resume and (self.out / "checkpoint.pt").exists():
+            raise FileExistsError(
+                f"{self.out / 'checkpoint.pt'} already exists; resume it (--resume) or "
+                f"start the new run in another folder, so the earlier one is kept"
+            )
+        self.out.mkdir(parents=True, exist_ok=True)
+        me = f"{socket.gethostname()} {os.getpid()}"
+        try:
+            fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            holder = self.lock.read_text().strip()
+            host, _, pid = holder.partition(" ")
+            if host != socket.gethostname() or process_alive(int(pid or 0)):
+                raise RunFolderBusy(
+                    f"{self.out} is in use by process {holder} (lock file {self.lock}); wait "
+                    f"for it to finish or train into another folder"
+                ) from None
+            self.lock.write_text(me + "\n")  # the holder died: take the folder over
+        else:
+            with os.fdopen(fd, "w") as file:
+                file.write(me + "\n")
+        for stale in self.out.glob("*.tmp"):  # from a save that was killed
+            stale.unlink()
+        return self
+
+    def __exit__(self, *exc):
+        if self.owner:
+            self.lock.unlink(missing_ok=True)
+
+
+def process_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
+
+
+RUN_LENGTH_FIELDS = (
+    *"max_steps max_seconds checkpoint_every keep_checkpoints".split(),
+    *"eval_every bleu_sentences log_every".split(),
+)
+
+
+@dataclass(frozen=True)
+class RunConfig(TrainConfig):
+    """A training run: the recipe of §5 (TrainConfig, chapter 5) and how the run goes on.
+    The fields in RUN_LENGTH_FIELDS may change when a run is resumed; every other field
+    must match.
+
+    Attributes:
+        max_seconds: a time budget (0: none): the run ends at the last checkpoint that its
+            pace so far puts within this many seconds of training
+        checkpoint_every: save a checkpoint every this many steps
+        keep_checkpoints: weight snapshots kept for averaging (§6.1 averages the last 5)
+        eval_every: validation loss and BLEU every this many steps (given validation pairs)
+        bleu_sentences: how many validation pairs (the first ones) are translated for BLEU
+        log_every: read the loss from the device and log it every this many steps
+    """
+
+    max_seconds: float = 0.0
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 5
+    eval_every: int = 500
+    bleu_sentences: int = 200
+    log_every: int = 10
+
+    def __post_init__(self):
+        super().__post_init__()  # the recipe's rules, and every integer field is a count
+        seconds = self.max_seconds
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+            raise ValueError(f"max_seconds must be a finite number >= 0, got {seconds!r}")
+        if not seconds < math.inf:
+            raise ValueError(f"max_seconds must be a finite number >= 0, got {seconds!r}")
+
+    def identity(self):
+        """The fields a checkpoint must agree on to be resumed."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in RUN_LENGTH_FIELDS}
+
+
+MULTI30K_STEPS = 8000  # updates of the multi30k recipe's full run
+PROFILES = {
+    "tiny": RunConfig(
+        model=ModelConfig(N=1, d_model=32, d_ff=64, h=2, share_embeddings=True),
+        vocab_size=200,
+        max_tokens=200,
+        warmup_steps=10,
+        max_steps=6,
+        checkpoint_every=3,
+    ),
+    "quick": RunConfig(warmup_steps=200, max_steps=300, checkpoint_every=100, eval_every=100),
+    "multi30k": RunConfig(
+        model=replace(SMALL, N=3, h=8, d_ff=512, share_embeddings=True),
+        vocab_size=5000,
+        warmup_steps=400,
+        lr_factor=0.33,
+        weight_decay=0.1,
+        smoothing=0.2,
+        max_steps=MULTI30K_STEPS,
+        checkpoint_every=250,
+        eval_every=250,
+        bleu_sentences=500,
+    ),
+    # fifteen minutes on two CPU cores (chosen on val): multi30k's recipe with one layer less,
+    # no dropout and half the batch; the reference attention is faster on a CPU for
+    # sentences this short. As many steps as fit in 885 s of training (a margin under 900 s
+    # for the pace to vary), ending at a snapshot; one every 100 steps, for averaging
+    "fast": RunConfig(
+        model=replace(SMALL, N=2, h=8, d_ff=512, share_embeddings=True, dropout=0.0, fused=False),
+        vocab_size=5000,
+        max_tokens=1000,
+        warmup_steps=400,
+        lr_factor=0.33,
+        weight_decay=0.1,
+        smoothing=0.1,
+        max_steps=6000,
+        max_seconds=885.0,
+        checkpoint_every=100,
+        keep_checkpoints=10,
+        eval_every=500,
+        bleu_sentences=500,
+    ),
+    # the base architecture on one GPU: batches 4x multi30k's and a quarter of its steps,
+    # but all of its 400 warm-up steps, which a 6-layer post-LN stack needs (§5.3)
+    "base": RunConfig(
+        model=replace(BASE, share_embeddings=True),
+        vocab_size=5000,
+        max_tokens=8000,
+        warmup_steps=400,
+        lr_factor=0.23,
+        weight_decay=0.1,
+        smoothing=0.2,
+        max_steps=MULTI30K_STEPS // 4,
+        checkpoint_every=100,
+        eval_every=100,
+        bleu_sentences=500,
+    ),
+}
+
+
+def apply_changes(config, changes):
+    """`config` (a RunConfig) with some fields changed: {name: value}, where a name is a
+    RunConfig field or a ModelConfig field (bare, "dropout", or "model.dropout")."""
+    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    train_fields = {f.name for f in dataclasses.fields(config)} - {"model"}
+    model_changes, train_changes = {}, {}
+    for name, value in changes.items():
+        bare = name.removeprefix("model.")
+        if bare in model_fields and bare not in train_fields:
+            model_changes[bare] = value
+        elif name in train_fields:
+            train_changes[name] = value
+        else:
+            raise ValueError(
+                f"unknown field {name!r}: a change names a {type(config).__name__} field "
+                f"({', '.join(sorted(train_fields))}) or a ModelConfig field "
+                f"({', '.join(sorted(model_fields))})"
+            )
+    return replace(config, model=replace(config.model, **model_changes), **train_changes)
+
+
+@dataclass
+class RunState:
+    """What a run has built and done so far: all that a checkpoint saves."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    step: int = 0
+    epoch: int = 0
+    position: int = 0  # updates of the current epoch already made
+    tokens_seen: int = 0  # target tokens, all processes
+    seconds: float = 0.0  # training time over all sessions, validation excluded
+    history: list = field(default_factory=list)  # per step: loss, nll, lr, tokens
+    validation: list = field(default_factory=list)  # per evaluation: step, seconds, figures
+
+    @classmethod
+    def new(cls, config, vocab, device="cpu", amp=None, cuda_graphs=False):
+        """A fresh run: the model initialised with config.seed, AdamW with Eq. (3) (the
+        capturable one of the CUDA graphs page when asked), and the gradient scaler
+        (active only for float16 autocast)."""
+        torch.manual_seed(config.seed)
+        model = build_model(vocab, vocab, config.model).to(device)
+        d_model, decay = config.model.d_model, config.weight_decay
+        make = make_capturable_optimizer if cuda_graphs else make_optimizer
+        optimizer, scheduler = make(model, d_model, config.lr_factor, config.warmup_steps, decay)
+        scaler = torch.amp.GradScaler(torch.device(device).type, enabled=amp == torch.float16)
+        return cls(model, optimizer, scheduler, scaler)
+
+
+@dataclass
+class RunSetup:
+    """What stays fixed while a run trains: its recipe, folder, data and processes."""
+
+    config: RunConfig
+    out: pathlib.Path
+    tokenizer: Tokenizer
+    corpus: EncodedCorpus
+    val: tuple | None  # (EncodedCorpus of all val pairs, the pairs BLEU translates)
+    device: str
+    amp: torch.dtype | None
+    rank: int = 0
+    world: int = 1
+    log: typing.Callable = print
+    cuda_graphs: bool = False  # steps replayed as CUDA graphs (the CUDA graphs page)
+
+
+def epoch_updates(corpus, config, epoch, world=1):
+    """One epoch's updates, each a list of `world` batches (index lists), one per process,
+    of max_tokens / world tokens a side; the order depends only on (seed, epoch)."""
+    batches = batch_by_tokens(corpus.lengths, config.max_tokens // world, config.seed + epoch)
+    return [batches[i : i + world] for i in range(0, len(batches) - world + 1, world)]
+
+
+def distributed_rank_and_size():
+    """(rank, world size) under torchrun's process group, (0, 1) in a single process."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def gather_rng_states(device, world):
+    """Every rank's random states (CPU, and its GPU's), gathered on all ranks."""
+    state = {"cpu": torch.get_rng_state()}
+    if torch.device(device).type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    if world == 1:
+        return [state]
+    states = [None] * world
+    torch.distributed.all_gather_object(states, state)
+    return states
+
+
+def restore_rng_state(states, rank, world, device):
+    """This rank's saved random state back in place; a different process count warns."""
+    if len(states) != world:
+        warnings.warn(
+            f"the checkpoint was written by {len(states)} process(es) and resumes in {world}: "
+            f"batches and dropout masks differ from an uninterrupted run from here on",
+            stacklevel=2,
+        )
+    if rank >= len(states):
+        return
+    torch.set_rng_state(states[rank]["cpu"])
+    if torch.device(device).type == "cuda":
+        if "cuda" in states[rank]:
+            torch.cuda.set_rng_state(states[rank]["cuda"], device)
+        else:
+            warnings.warn(
+                "no GPU random state in the checkpoint: GPU dropout starts afresh", stacklevel=2
+            )
+
+
+def validate(model, corpus, pairs, tokenizer):
+    """The validation figures logged during training and stored with each snapshot: the
+    loss over the whole corpus (its tables where the model is) and BLEU of greedy
+    translations of `pairs`, decoded on the fast path; the mode is restored."""
+    model = unwrap(model)
+    training, loss = model.training, validation_loss(model, corpus)
+    sources = [src for src, _ in pairs]
+    hypotheses = translate(model, tokenizer, sources, beam_size=1, decode=fast_decode_batch)
+    model.train(training)
+    return {
+        "val_loss": round(loss, 4),
+        "val_ppl": round(math.exp(loss), 2),
+        "val_bleu": round(sacrebleu.corpus_bleu(hypotheses, [[r for _, r in pairs]]).score, 2),
+        "bleu_sentences": len(pairs),
+    }
+
+
+def differing_fields(saved, wanted, prefix=""):
+    """'name: saved -> wanted' for every field, nested ones dotted, that differs."""
+    found = []
+    for name in sorted(set(saved) | set(wanted)):
+        a, b = saved.get(name, "<absent>"), wanted.get(name, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            found += differing_fields(a, b, f"{prefix}{name}.")
+        elif a != b:
+            found.append(f"{prefix}{name}: {a!r} -> {b!r}")
+    return found
+
+
+def checkpoint_to_resume(path, config, precision=None, cuda_graphs=False):
+    """The payload of out/checkpoint.pt, refused if written in another format, with another
+    recipe, in another precision (a name in PRECISIONS; None: take the checkpoint's), or
+    with and without CUDA graphs (whose optimizer and schedule save other states)."""
+    if not pathlib.Path(path).is_file():
+        raise FileNotFoundError(f"no checkpoint at {path} to resume from; start without --resume")
+    payload = read_checkpoint(path)
+    saved = {"checkpoint format": payload.get("format", "<absent>"), **payload["config"]}
+    saved["precision"] = payload.get("precision", "<absent>")
+    saved["cuda_graphs"] = payload.get("cuda_graphs", False)
+    wanted = {"checkpoint format": CHECKPOINT_FORMAT, **config.identity()}
+    wanted["precision"] = saved["precision"] if precision is None else precision
+    wanted["cuda_graphs"] = cuda_graphs
+    differ = differing_fields(saved, wanted)
+    if differ:
+        hint = ""
+        if saved["precision"] != wanted["precision"] and saved["precision"] in AMP_OF_PRECISION:
+            hint = f" (amp={AMP_OF_PRECISION[saved['precision']]!r} trains in {saved['precision']})"
+        raise ValueError(
+            f"{path} was written with a different configuration ({'; '.join(differ)}); "
+            f"resume with the same settings{hint} or start a new run in another folder"
+        )
+    return payload
+
+
+def save_progress(state, setup):
+    """Write the snapshot, checkpoint.pt and metrics.json (rank 0; every rank must call)."""
+    rng = gather_rng_states(setup.device, setup.world)
+    if setup.rank == 0:
+        out, config, latest = setup.out, setup.config, state.validation[-1:]
+        weights = {
+            "format": CHECKPOINT_FORMAT,
+            "config": config.identity(),
+            "precision": PRECISIONS[setup.amp],
+            "cuda_graphs": setup.cuda_graphs,
+            "tokenizer": setup.tokenizer.to_str(),
+            "step": state.step,
+            "validation": latest[0] if latest and latest[0]["step"] == state.step else None,
+            "model": state.model.state_dict(),
+        }
+        save_checkpoint(out / f"checkpoint-{state.step:07d}.pt", weights)
+        for old in snapshot_paths(out)[: -config.keep_checkpoints]:
+            old.unlink()
+        counters = ("epoch", "position", "tokens_seen", "seconds", "history")
+        resumable = {name: getattr(state, name) for name in counters}
+        resumable["validations"] = state.validation  # "validation": this step's, above
+        for name in ("optimizer", "scheduler", "scaler"):
+            resumable[name] = getattr(state, name).state_dict()
+        save_checkpoint(out / "checkpoint.pt", {**weights, **resumable, "rng": rng})
+        metrics = {"config": config.identity(), "history": state.history}
+        write_json(out / "metrics.json", {**metrics, "validation": state.validation})
+    if setup.world > 1:
+        torch.distributed.barrier()
+
+
+def resume_or_start(setup, payload):
+    """A fresh RunState, or the checkpointed one restored; each rank's own dropout stream."""
+    vocab = setup.tokenizer.get_vocab_size()
+    state = RunState.new(setup.config, vocab, setup.device, setup.amp, setup.cuda_graphs)
+    if payload is not None:
+        for name in ("model", "optimizer", "scheduler", "scaler"):
+            if payload[name]:  # a float32 or bfloat16 run's scaler saved nothing
+                getattr(state, name).load_state_dict(payload[name])
+        for name in ("step", "epoch", "position", "tokens_seen", "seconds", "history"):
+            setattr(state, name, payload[name])
+        state.validation = payload["validations"]
+        restore_rng_state(payload["rng"], setup.rank, setup.world, setup.device)
+        if setup.rank == 0:
+            setup.log(f"resumed from {setup.out / 'checkpoint.pt'} at step {state.step}")
+    elif setup.rank > 0:
+        torch.manual_seed(setup.config.seed + 1_000_003 * setup.rank)  # its own dropout
+    return state
+
+
+def tokenizer_for_run(config, pairs, out, tokenizer, payload, rank, world):
+    """The checkpoint's vocabulary when resuming, else the one given, else one that rank 0
+    learns from the training pairs; saved as out/tokenizer.json."""
+    if payload is not None:
+        saved = Tokenizer.from_str(payload["tokenizer"])
+        if tokenizer is not None and tokenizer.to_str() != saved.to_str():
+            raise ValueError(f"{out} was trained with another tokenizer; resume without one")
+        return saved
+    if tokenizer is None:
+        if rank == 0:
+            train_bpe(pairs, config.vocab_size, out / "tokenizer.json")
+        if world > 1:
+            torch.distributed.barrier()  # rank 0's vocabulary is on disk for every rank
+        return load_tokenizer(out / "tokenizer.json")
+    if tokenizer.get_vocab_size() > config.vocab_size:
+        raise ValueError(
+            f"the tokenizer has {tokenizer.get_vocab_size()} tokens but config.vocab_size is "
+            f"{config.vocab_size}; pass a tokenizer from train_bpe(pairs, {config.vocab_size})"
+        )
+    if rank == 0:
+        tokenizer.save(str(out / "tokenizer.json"))
+    return tokenizer
+
+
+def record_losses(state, pending, world):
+    """Read the summed [loss, nll] of the steps since the last read (all ranks' together)
+    into state.history, per target token: the one point where the loop waits for the device."""
+    sums = torch.stack([losses for losses, _, _ in pending])
+    if world > 1:
+        torch.distributed.all_reduce(sums)
+    for (loss, nll), (_, lr, ntokens) in zip(sums.tolist(), pending):
+        entry = {"step": len(state.history) + 1, "loss": round(loss / ntokens, 5)}
+        entry.update(nll=round(nll / ntokens, 5), lr=lr, tokens=ntokens)
+        state.history.append(entry)
+    pending.clear()
+
+
+def record_validate_save(state, setup, pending, done=False):
+    """Every log_every steps: read the losses; every eval_every steps (with validation
+    data): validate; every checkpoint_every steps: save. The last step (`done`) does all
+    three."""
+    config = setup.config
+    record_losses(state, pending, setup.world)
+    if setup.val and setup.rank == 0 and (state.step % config.eval_every == 0 or done):
+        figures = validate(state.model, *setup.val, setup.tokenizer)
+        when = {"step": state.step, "seconds": round(state.seconds, 1)}
+        state.validation.append({**when, "tokens_seen": state.tokens_seen, **figures})
+        setup.log(f"step {state.step}: validation {figures}")
+    if state.step % config.checkpoint_every == 0 or done:
+        save_progress(state, setup)
+        last = state.history[-1]
+        if setup.rank == 0:
+            setup.log(
+                f"step {state.step}: loss {last['loss']:.3f}, nll {last['nll']:.3f}, "
+                f"lr {last['lr']:.2e}, {state.seconds:.0f} s, checkpoint written"
+            )
+
+
+def epoch_rows(updates, rank, device):
+    """This process's row numbers for every update of `updates`, in one tensor on `device`
+    (one copy per epoch), and the slice of it that belongs to each update."""
+    mine = [group[rank] for group in updates]
+    ends = list(itertools.accumulate(len(indices) for indices in mine))
+    rows = torch.tensor([i for indices in mine for i in indices]).to(device, non_blocking=True)
+    return rows, [slice(end - len(indices), end) for end, indices in zip(ends, mine)]
+
+
+def train_epoch(state, setup, model, bar, multiple_of=1, runner=None):
+    """The rest of the current epoch, or up to the run's end: max_steps, or max_seconds.
+    `model` is state.model, wrapped in DistributedDataParallel under several processes and
+    compiled when asked; runner: a GraphedTrainStep that makes the updates instead of
+    train_step_amp (one process). Returns whether the run has ended."""
+    config, pending, started = setup.config, [], time.perf_counter()
+    every = [config.log_every, config.checkpoint_every] + [config.eval_every] * bool(setup.val)
+    updates = epoch_updates(setup.corpus, config, state.epoch, setup.world)[state.position :]
+    rows, cuts = epoch_rows(updates, setup.rank, setup.device)
+    for group, cut in zip(updates, cuts):
+        ntokens = sum(setup.corpus.target_tokens(indices) for indices in group)  # host lengths
+        if runner is None:
+            batch = cut_batch(setup.corpus, group[setup.rank], multiple_of, rows[cut])
+            lr = state.optimizer.param_groups[0]["lr"]
+            optimizers = state.optimizer, state.scheduler, state.scaler
+            share = ntokens / setup.world
+            losses = train_step_amp(model, batch, *optimizers, config.smoothing, share, setup.amp)
+        else:  # the rate in the optimizer is a device tensor: the host computes its own copy
+            lr = rate(state.step + 1, config.model.d_model, config.lr_factor, config.warmup_steps)
+            losses = runner(*bucketed_ids(setup.corpus, group[0], rows=rows[cut]), ntokens)
+        pending.append((losses, lr, ntokens))
+        state.step, state.position = state.step + 1, state.position + 1
+        state.tokens_seen += ntokens
+        bar.update()
+        done = state.step == config.max_steps
+        if done or any(state.step % n == 0 for n in every):
+            state.seconds += time.perf_counter() - started
+            done = done or out_of_time(state, setup)
+            record_validate_save(state, setup, pending, done)
+            bar.set_postfix(loss=f"{state.history[-1]['loss']:.3f}")
+            started = time.perf_counter()  # validation and saving are not training time
+        if done:
+            return True
+    if pending:
+        state.seconds += time.perf_counter() - started
+        record_losses(state, pending, setup.world)
+    state.epoch, state.position = state.epoch + 1, 0
+    return False
+
+
+def out_of_time(state, setup):
+    """At a checkpoint of a run with max_seconds: whether checkpoint_every more steps, at the
+    run's mean pace so far, would end past it. Under several processes rank 0's clock
+    decides for all, so that they stop together."""
+    config = setup.config
+    if not config.max_seconds or state.step % config.checkpoint_every:
+        return False
+    late = state.seconds * (1 + config.checkpoint_every / state.step) > config.max_seconds
+    if setup.world > 1:  # a checkpoint waits for the device anyway
+        flag = torch.tensor(float(late), device=setup.device)
+        torch.distributed.broadcast(flag, src=0)
+        late = bool(flag.item())
+    return late
+
+
+def train(
+    config,
+    train_pairs,
+    out_dir,
+    tokenizer=None,
+    val_pairs=None,
+    device="cpu",
+    resume=False,
+    log=print,
+    progress=False,
+    amp=None,
+    compile=False,
+    cuda_graphs=False,
+):
+    """§5: train on (source, target) sentence pairs into out_dir; returns (model,
+    tokenizer, history). With val_pairs, validates every config.eval_every steps. amp is
+    one of AMP_CHOICES; resume=True continues out_dir/checkpoint.pt exactly. Under
+    torchrun, each process trains on its share of every update (DistributedDataParallel)
+    and only rank 0 writes files and logs. compile: True, or the name of a torch.compile
+    backend; cuda_graphs: replay each step as a CUDA graph (one process; on a CPU the same
+    step runs eagerly)."""
+    check_device(device)
+    measure = amp == "fastest" and torch.device(device).type == "cpu"
+    amp = None if measure else autocast_dtype(amp, device)
+    rank, world = distributed_rank_and_size()
+    check_run(out_dir, train_pairs, cuda_graphs and (compile or world > 1 or amp is torch.float16))
+    out = pathlib.Path(out_dir)
+    with RunFolder(out, resume, owner=rank == 0), tf32_matmuls(device):
+        precision, path = None if measure else PRECISIONS[amp], out / "checkpoint.pt"
+        payload = checkpoint_to_resume(path, config, precision, cuda_graphs) if resume else None
+        tokenizer = tokenizer_for_run(config, train_pairs, out, tokenizer, payload, rank, world)
+        corpus = EncodedCorpus.from_pairs(train_pairs, tokenizer)
+        if measure:
+            amp = fastest_precision(config, corpus, tokenizer.get_vocab_size(), payload, log)
+        val = None
+        if val_pairs:
+            val_corpus = corpus_on(EncodedCorpus.from_pairs(val_pairs, tokenizer), device)
+            val = val_corpus, val_pairs[: config.bleu_sentences]
+        corpus = corpus_on(corpus, device)
+        where = out, tokenizer, corpus, val, device, amp, rank, world, log
+        setup = RunSetup(config, *where, cuda_graphs)
+        state = resume_or_start(setup, payload)  # before any capture: graphs keep addresses
+        step_parts = state.model, state.optimizer, state.scheduler, config.smoothing, amp
+        runner = GraphedTrainStep(*step_parts) if cuda_graphs else None
+        model = DistributedModel(state.model) if world > 1 else state.model
+        if compile:  # True: PyTorch's default compiler; a string names another backend
+            model = torch.compile(model, **({} if compile is True else {"backend": compile}))
+        bar = tqdm(
+            total=config.max_steps, initial=state.step, unit="step", disable=not progress or rank
+        )
+        ended = state.step >= config.max_steps
+        while not ended:
+            ended = train_epoch(state, setup, model, bar, 8 if compile else 1, runner)
+        bar.close()
+    return state.model, tokenizer, state.history
+
+
+def check_run(out_dir, train_pairs, graphs_refused):
+    """Refuse what train cannot do, before anything is written."""
+    if str(out_dir).strip() in ("", "."):  # pathlib.Path("") is "." too
+        raise ValueError(
+            f"out_dir={str(out_dir)!r} is the working directory: pass a folder of the run's "
+            f"own, e.g. runs/quick"
+        )
+    if not train_pairs:
+        raise ValueError("train_pairs is empty: pass (source, target) sentence pairs")
+    if graphs_refused:
+        raise ValueError(
+            "cuda_graphs=True captures the step of one process, uncompiled, in float32 or "
+            "bfloat16: drop compile, run one process, and use amp='bf16' or 'off' (float16 "
+            "needs a gradient scaler, which reads the device at every step)"
+        )
+
+
+def fastest_precision(config, corpus, vocab, payload, log):
+    """amp="fastest" on a CPU: the checkpoint's precision when resuming (a run keeps the
+    precision it was measured to need), else faster_precision's; logged with the reason."""
+    if payload:
+        names = {name: dtype for dtype, name in PRECISIONS.items()}
+        amp, how = names[payload["precision"]], "the checkpoint"
+    else:
+        amp = faster_precision(config, corpus, vocab)
+        how = "timed: the faster here" if native_bf16("cpu") else "bfloat16 is emulated here"
+    log(f"amp fastest: {PRECISIONS[amp]} ({how})")
+    return amp
+
+
+@contextlib.contextmanager
+def tf32_matmuls(device):
+    """On a GPU, float32 matrix products in TF32 for the duration, the old setting restored."""
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    saved = torch.backends.cuda.matmul.fp32_precision
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = saved
