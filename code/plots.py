@@ -421,6 +421,26 @@ def head_statistics(values, title, reference=None, reference_label="uniform", wi
 # Figures of chapters 1, 2 and 4 ---------------------------------------------------------
 
 
+def against_length(sizes, series, title, ylabel, logy=True, legend_beside=False):
+    """Named series measured at the same sequence lengths (series = {label: values}) on a log
+    n axis, ticked at each measured n; lines that coincide differ by their dash."""
+    sizes = _as_array(sizes)
+    fig, ax = plt.subplots()
+    styles = itertools.cycle(["o-", "s--", "^-.", "D:", "v-"])
+    for (label, values), style in zip(series.items(), styles):
+        ax.plot(sizes, _as_array(values), style, label=label)
+    ax.set(title=title, xlabel="sequence length n", ylabel=ylabel, xscale="log")
+    ax.set_xticks(sizes, [f"{size:g}" for size in sizes])
+    ax.set_xticks([], minor=True)
+    if logy:
+        ax.set_yscale("log")
+    if legend_beside:
+        ax.legend(loc="upper left", bbox_to_anchor=(1, 1))
+    else:
+        ax.legend()
+    return fig
+
+
 # Figures of chapters 3.1 to 3.2.3 -------------------------------------------------------
 
 
