@@ -447,6 +447,59 @@ def against_length(sizes, series, title, ylabel, logy=True, legend_beside=False)
 # Figures of chapters 3.3 to 3.6 ---------------------------------------------------------
 
 
+def positional_table(table):
+    """A positional encoding table (positions, d_model) as a heatmap: position across,
+    dimension down, -1 red to +1 blue."""
+    positions, d_model = table.shape
+    return heatmap(
+        _as_array(table).T,
+        f"Positional encoding, {positions} positions x {d_model} dimensions",
+        "position",
+        "dimension",
+        xticklabels=10,
+        yticklabels=16,
+        cmap="RdBu",
+        vmin=-1,
+        vmax=1,
+        figsize=(8, 4),
+    )
+
+
+def positional_dimensions(table, dimensions):
+    """Some columns of a positional encoding table (positions, d_model) against position."""
+    series = {f"dimension {d}": _as_array(table)[:, d] for d in dimensions}
+    title = "A few dimensions of the encoding"
+    fig = curves(np.arange(len(table)), series, title, "position", "value")
+    fig.axes[0].legend(loc="upper left", bbox_to_anchor=(1, 1))  # beside the curves
+    return fig
+
+
+def rotating_pair(table, i):
+    """The pair of dimensions (2i, 2i + 1) of a positional encoding table, one point per
+    position: the positions walk around the unit circle."""
+    pair = _as_array(table)[:, 2 * i : 2 * i + 2]
+    label = f"positions 0..{len(pair) - 1}"
+    fig = curves(
+        pair[:, 0],
+        {label: pair[:, 1]},
+        "One (sin, cos) pair: positions walk around a circle",
+        f"PE(pos, {2 * i})",
+        f"PE(pos, {2 * i + 1})",
+        styles={label: "o-"},
+        figsize=(4.5, 4.5),
+    )
+    fig.axes[0].set_aspect("equal")
+    return fig
+
+
+def dot_products_by_offset(offsets, series):
+    """Dot products PE(pos) . PE(pos + k) against the offset k, one curve per pos:
+    series = {label: values}."""
+    styles = dict(zip(series, itertools.cycle(["-", "--", ":", "-."])))
+    title = "PE(pos) . PE(pos + k) depends on k only"
+    return curves(offsets, series, title, "offset k", "dot product", styles=styles)
+
+
 # Figures of chapters 6.2 and 7 ----------------------------------------------------------
 
 
