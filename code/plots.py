@@ -444,6 +444,56 @@ def against_length(sizes, series, title, ylabel, logy=True, legend_beside=False)
 # Figures of chapters 3.1 to 3.2.3 -------------------------------------------------------
 
 
+def residual_stream_scale(rms):
+    """The root-mean-square of the residual stream after each block of a deep stack, one line
+    per arrangement: rms = {label: values, one per block}."""
+    blocks = np.arange(1, len(next(iter(rms.values()))) + 1)
+    title = "Scale of the residual stream through a deep stack"
+    return curves(blocks, rms, title, "block", "root-mean-square of the stream")
+
+
+def dot_product_variance(dims, measured):
+    """The measured variance of q.k for each d_k against footnote 4's d_k, on log-log axes."""
+    series = {"measured variance of q.k": measured, "d_k (the footnote)": dims}
+    styles = {"measured variance of q.k": "o", "d_k (the footnote)": "--"}
+    title = "Dot products of random unit-variance vectors"
+    return curves(dims, series, title, "d_k", "variance", logx=True, logy=True, styles=styles)
+
+
+def softmax_saturation(dims, largest, jacobian_norms):
+    """Two panels over d_k: the mean largest softmax weight, and the mean norm of the softmax's
+    Jacobian with its standard error. largest = {label: one mean per d_k}; jacobian_norms =
+    {label: one tensor of per-query norms per d_k}."""
+    fig, axes = plt.subplots(1, 2, figsize=(7, 3.4))
+    for (label, values), marker in zip(largest.items(), "os"):
+        axes[0].plot(dims, values, marker + "-", label=label)
+    for (label, norms), marker in zip(jacobian_norms.items(), "os"):
+        norms = [_as_array(n) for n in norms]
+        mean = [n.mean() for n in norms]
+        error = [n.std(ddof=1) / np.sqrt(len(n)) for n in norms]
+        axes[1].errorbar(dims, mean, yerr=error, fmt=marker + "-", capsize=2, label=label)
+    axes[0].set(xscale="log", xlabel="d_k", ylabel="largest softmax weight", title="Saturation")
+    axes[1].set(
+        xscale="log",
+        yscale="log",
+        xlabel="d_k",
+        ylabel="norm of the softmax Jacobian",
+        title="Gradient of the softmax",
+    )
+    for ax in axes:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def head_maps(weights, title):
+    """One layer's attention weights (h, seq_q, seq_k), one small heatmap per head, positions
+    labelled t0, t1, ..."""
+    h, seq_q, seq_k = weights.shape
+    query_tokens, key_tokens = [f"t{i}" for i in range(seq_q)], [f"t{i}" for i in range(seq_k)]
+    return attention_grid(weights, query_tokens, key_tokens, title, cell=0.09)
+
+
 # Figures of chapters 3.3 to 3.6 ---------------------------------------------------------
 
 

@@ -421,3 +421,14 @@ def test_each_module_is_initialised_by_its_own_rule_and_no_two_layers_start_equa
         and shared.tgt_embed[0].embedding.weight is weight
     )
     assert abs(weight.std().item() * d_model**0.5 - 1) < 0.02
+
+
+# ---- stacks and heads (§3.1, §3.2.2) ---------------------------------------------------
+
+
+def test_clones_are_independent_deep_copies():
+    layers = at.clones(torch.nn.Linear(4, 4), 6)
+    assert len(layers) == 6 and len({layer.weight.data_ptr() for layer in layers}) == 6
+    with torch.no_grad():
+        layers[0].weight.add_(1.0)  # training one copy leaves the others alone
+    assert not torch.equal(layers[0].weight, layers[1].weight)
