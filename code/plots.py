@@ -553,4 +553,80 @@ def dot_products_by_offset(offsets, series):
 # Figures of chapters 6.2 and 7 ----------------------------------------------------------
 
 
+def _short_change(ours):
+    """A row's change at our scale without the d_k and d_v that follow a new d_model (they
+    keep d_model / h); a change of d_k alone is kept, and the base row is "base"."""
+    parts = ours.split()
+    return " ".join([p for p in parts if not p.startswith(("d_k=", "d_v="))] or parts) or "base"
+
+
+def table3_comparison(comparison, noise, series, title):
+    """Chapter 6.2's bars: table3_changes for every row of `comparison` but the base row, a
+    frame indexed by the paper's labels with the columns "ours" (what the row changes at our
+    scale), "paper ΔPPL %", "ΔPPL %" and our extremes over seeds, "lowest" and "highest";
+    noise is the base row's spread over seeds, in percent."""
+    changed = comparison.drop(index="base")
+    return table3_changes(
+        [f"{label}\nours: {ours}" for label, ours in zip(changed.index, changed["ours"])],
+        changed["paper ΔPPL %"],
+        changed["ΔPPL %"],
+        series,
+        noise,
+        (changed["lowest"], changed["highest"]),
+        title,
+    )
+
+
+def table3_sizes(comparison, series, title):
+    """Chapter 6.2's size chart: ppl_vs_params for the base row and the rows (B) and (C) of
+    `comparison` (as in table3_comparison, with the columns "paper params ×10⁶", "paper PPL",
+    "params" and "PPL"), each point labelled with what the row changes at our scale."""
+    sized = comparison[[label == "base" or label[1] in "BC" for label in comparison.index]]
+    return ppl_vs_params(
+        [_short_change(ours) for ours in sized["ours"]],
+        sized["paper params ×10⁶"].to_numpy(dtype=float),
+        sized["paper PPL"].to_numpy(dtype=float),
+        sized["params"].to_numpy(dtype=float),
+        sized["PPL"].to_numpy(dtype=float),
+        series,
+        title,
+    )
+
+
+def sentence_attention(sentence, kind, layer, **options):
+    """Chapter 7's maps: attention_grid of one layer (counted from 1) of one sentence as
+    attention_maps.extract records it (its tokens and its weights {kind: (N, h, seq_q,
+    seq_k)}), for kind encoder_self, decoder_self or encoder_decoder."""
+    queries = {
+        "encoder_self": sentence["source"],
+        "decoder_self": sentence["target_input"],
+        "encoder_decoder": sentence["target_output"],
+    }[kind]
+    keys = sentence["target_input"] if kind == "decoder_self" else sentence["source"]
+    names = {
+        "encoder_self": "encoder self-attention",
+        "decoder_self": "decoder self-attention",
+        "encoder_decoder": "encoder-decoder attention (rows: the token being produced)",
+    }
+    title = f"layer {layer}, {names[kind]}: {sentence['text']}"
+    weights = sentence["attention"][kind][layer - 1 : layer]
+    return attention_grid(weights, queries, keys, title, first_layer=layer, **options)
+
+
+def head_table_figure(table, columns, title, reference=None, reference_label="uniform"):
+    """head_statistics of a table with one row per head, indexed "layer.head" in order
+    (1.1, 1.2, ...), and a last row "uniform" (as attention_maps.head_table returns it):
+    one panel per column. reference maps a column to its baseline; by default the uniform
+    row's values."""
+    heads = table.drop(index="uniform")
+    layer, head = (heads.index.str.split(".").str[i].astype(int) for i in (0, 1))
+    shape = (layer.max(), head.max())
+    if list(zip(layer, head)) != list(itertools.product(*(range(1, n + 1) for n in shape))):
+        raise ValueError(f"the rows are not every layer.head in order: {list(heads.index)}")
+    values = {column: heads[column].to_numpy().reshape(shape) for column in columns}
+    if reference is None:
+        reference = {column: table.loc["uniform", column] for column in columns}
+    return head_statistics(values, title, reference, reference_label)
+
+
 # Figures of chapters 5 and 6.1 ----------------------------------------------------------
