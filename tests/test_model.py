@@ -432,3 +432,33 @@ def test_clones_are_independent_deep_copies():
     with torch.no_grad():
         layers[0].weight.add_(1.0)  # training one copy leaves the others alone
     assert not torch.equal(layers[0].weight, layers[1].weight)
+
+
+# ---- chapters 3.3 to 3.6: what their pages show in short --------------------------------
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_self_attention_and_feed_forward_are_permutation_equivariant(fused):
+    # chapter 3.5: without positions, the model cannot tell word order; chapter 3.3: the
+    # feed-forward network is applied to each position separately and identically
+    self_attn = at.MultiHeadedAttention(4, 32, fused=fused).eval()
+    ffn = at.PositionwiseFeedForward(32, 64).eval()
+    x, order = torch.randn(2, 6, 32), torch.tensor([3, 0, 5, 1, 4, 2])
+    shuffled = x[:, order]
+    torch.testing.assert_close(
+        self_attn(shuffled, shuffled, shuffled), self_attn(x, x, x)[:, order]
+    )
+    torch.testing.assert_close(ffn(shuffled), ffn(x)[:, order])
+
+
+def test_positional_encoding_adds_the_table_in_eval_mode_and_drops_in_training():
+    # chapter 3.5, dropout on the sums (§5.4): the table alone in eval mode, inverted dropout
+    # (zeros, the rest scaled by 1 / (1 - P_drop)) in training mode
+    layer = at.PositionalEncoding(d_model=16, dropout=0.5, max_len=10)
+    embeddings = torch.ones(1, 10, 16)
+    expected = embeddings + at.positional_encoding(10, 16)
+    torch.testing.assert_close(layer.eval()(embeddings), expected, rtol=0, atol=0)
+    dropped = layer.train()(embeddings)
+    kept = dropped != 0
+    assert 0.3 < 1 - kept.float().mean().item() < 0.7
+    torch.testing.assert_close(dropped[kept], 2 * expected[kept])
