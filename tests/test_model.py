@@ -462,3 +462,31 @@ def test_positional_encoding_adds_the_table_in_eval_mode_and_drops_in_training()
     kept = dropped != 0
     assert 0.3 < 1 - kept.float().mean().item() < 0.7
     torch.testing.assert_close(dropped[kept], 2 * expected[kept])
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_multi_head_attention_equals_h_separate_heads(fused):
+    # Eq. of §3.2.2 taken literally: each head's own W_i^Q, W_i^K, W_i^V sliced from the
+    # stacked matrices, attention per head, the outputs concatenated and multiplied by W^O
+    layer = at.MultiHeadedAttention(4, 32, fused=fused, d_k=6, d_v=5).eval()
+    query, key, value = torch.randn(2, 5, 32), torch.randn(2, 7, 32), torch.randn(2, 7, 32)
+    W_Q, W_K, W_V, W_O = (w.weight.T for w in (layer.w_q, layer.w_k, layer.w_v, layer.w_o))
+    heads = [
+        at.attention(
+            query @ W_Q[:, i * 6 : (i + 1) * 6],
+            key @ W_K[:, i * 6 : (i + 1) * 6],
+            value @ W_V[:, i * 5 : (i + 1) * 5],
+        )[0]
+        for i in range(4)
+    ]
+    with torch.no_grad():
+        torch.testing.assert_close(
+            layer(query, key, value), torch.cat(heads, dim=-1) @ W_O, atol=1e-5, rtol=0
+        )
+
+
+@pytest.mark.parametrize("h", [1, 8, 16, 32])
+def test_multi_head_parameters_do_not_depend_on_h(h):
+    layer = at.MultiHeadedAttention(h, 512)
+    assert layer.d_k == layer.d_v == 512 // h
+    assert sum(p.numel() for p in layer.parameters()) == 4 * 512**2
