@@ -23,9 +23,12 @@ decoder self-attention.
 """
 
 import argparse
+import itertools
 import json
 import pathlib
+import re
 import sys
+import textwrap
 
 import pandas as pd
 import torch
@@ -340,6 +343,144 @@ def load(path):
     for entry in data["sentences"]:
         entry["attention"] = {k: torch.tensor(v) for k, v in entry["attention"].items()}
     return data
+
+
+# ---- reading the stored JSON, for chapter 7's tables
+
+# the per-head statistics of self-attention, in the order chapter 7 draws them
+SELF_STATISTICS = ["self", "previous", "next", "punct_eos", "offset", "distance", "far", "peak"]
+
+
+def listing(sentences, width=86):
+    """The stored sentences as text: for each, its source, our model's translation, the
+    reference and what it was chosen to show, wrapped at `width` characters."""
+    wrap = textwrap.TextWrapper(width=width, subsequent_indent=" " * 14)
+    blocks = []
+    for number, s in enumerate(sentences):
+        lines = [f"{number}. {'source:':<11}{s['text']}"]
+        for name, text in (("our model", s["translation"]), ("reference", s["reference"])):
+            lines.append(f"   {name + ':':<11}{text}")
+        lines.append(f"   shows:     {s['shows']}")
+        blocks.append("\n".join(wrap.fill(line) for line in lines))
+    return "\n\n".join(blocks)
+
+
+def link_table(sentences):
+    """One line per marked link of the stored sentences: the link as text, its kind, the
+    sentence's index, the query position, the distance between the two words, the weight
+    uniform attention gives (1/S), the weight from the first word on the second in every
+    head (columns "layer.head"), then the best head, its weight, how many heads put more
+    than half on the link and the mean over all heads."""
+    rows = []
+    for s in sentences:
+        for query, key, kind in s["links"]:
+            weights = s["attention"]["encoder_self"][:, :, query, key]  # (N, h)
+            row = {"link": f"{s['source'][query]} → {s['source'][key]}", "kind": kind}
+            row.update(sentence=s["index"], query=query, distance=abs(key - query))
+            row["uniform"] = round(1 / len(s["source"]), 2)
+            for (layer, head), weight in zip(
+                itertools.product(*map(range, weights.shape)), weights.flatten()
+            ):
+                row[f"{layer + 1}.{head + 1}"] = round(weight.item(), 2)
+            rows.append(row)
+    links = pd.DataFrame(rows)
+    heads = head_columns(links)
+    links["best head"] = links[heads].idxmax(axis=1)
+    links["its weight"] = links[heads].max(axis=1)
+    links["heads > 0.5"] = (links[heads] > 0.5).sum(axis=1)
+    links["mean of heads"] = links[heads].mean(axis=1).round(2)
+    return links
+
+
+def head_columns(table):
+    """The columns of a table named for a head, "layer.head" (as link_table's)."""
+    return [c for c in table.columns if re.fullmatch(r"\d+\.\d+", str(c))]
+
+
+def head_table(data, kind):
+    """The stored per-head statistics of attention `kind` (data: what `load` returns) as a
+    table indexed "layer.head", with a last row "uniform": uniform attention's values (its
+    alignment hit rates left blank: a uniform row has no largest weight)."""
+    table = pd.DataFrame(data["statistics"][kind])
+    table.index = [f"{r.layer}.{r.head}" for r in table.itertuples()]
+    table.loc["uniform"] = pd.Series(data["uniform"][kind])
+    if kind == "encoder_decoder":
+        table.loc["uniform", ["aligned", "reordered_aligned"]] = float("nan")
+    return table.drop(columns=["layer", "head"])
+
+
+def top_words(sentence, layer, heads):
+    """For each output token of a stored sentence (rows), the source token on which each of
+    `heads` ("layer.head" names, of encoder-decoder attention in `layer`, counted from 1)
+    puts its largest weight, and that weight, as text such as "Mann 0.92"."""
+    weights = sentence["attention"]["encoder_decoder"][layer - 1]  # (h, T, S)
+    columns = {}
+    for name in heads:
+        rows = weights[int(name.split(".")[1]) - 1]
+        columns[f"head {name}"] = [f"{sentence['source'][r.argmax()]} {r.max():.2f}" for r in rows]
+    return pd.DataFrame(columns, index=sentence["target_output"])
+
+
+def link_history(data):
+    """The largest weight any head gives each marked link, one column per stored snapshot
+    (its step, or "average"), rounded to 2 decimals."""
+    history = pd.DataFrame(
+        {
+            snapshot.get("label", snapshot["step"]): {
+                f"{link['link']} ({link['kind']})": torch.tensor(link["weights"]).max().item()
+                for link in snapshot["links"]
+            }
+            for snapshot in data["snapshots"]
+        }
+    ).round(2)
+    history.columns.name = "step"
+    return history
+
+
+def strongest_head(statistics, kind, column):
+    """The head ("layer.head") with the largest `column` among the statistics of `kind`."""
+    row = max(statistics[kind], key=lambda r: r[column])
+    return f"{row['layer']}.{row['head']}"
+
+
+# the claims chapter 7 makes about a head: the kind of attention, and the statistic whose
+# largest value singles the head out
+CLAIMS = [
+    ("encoder_self", "self"),
+    ("encoder_self", "punct_eos"),
+    ("decoder_self", "previous"),
+    ("decoder_self", "self"),
+    ("encoder_decoder", "aligned"),
+]
+SHORT = {"encoder_self": "encoder", "decoder_self": "decoder", "encoder_decoder": "enc-dec"}
+
+
+def claim_history(data, claims=CLAIMS):
+    """For each claim (kind, statistic), the statistic of the head that the stored (last)
+    statistics single out, in every snapshot, one column per snapshot; and, last, the
+    reading-order baseline of encoder-decoder alignment ("diagonal", the same for every
+    head)."""
+    chosen = {
+        f"{SHORT[kind]} {head}, {column}": (kind, head, column)
+        for kind, column in claims
+        for head in [strongest_head(data["statistics"], kind, column)]
+    }
+    chosen["enc-dec, diagonal baseline"] = ("encoder_decoder", "1.1", "diagonal")
+    history = {}
+    for name, (kind, head, column) in chosen.items():
+        layer, h = (int(x) for x in head.split("."))
+        history[name] = [
+            next(
+                r[column]
+                for r in snapshot["statistics"][kind]
+                if (r["layer"], r["head"]) == (layer, h)
+            )
+            for snapshot in data["snapshots"]
+        ]
+    labels = [snapshot.get("label", snapshot["step"]) for snapshot in data["snapshots"]]
+    table = pd.DataFrame(history, index=labels).T
+    table.columns.name = "step"
+    return table
 
 
 def analyse(checkpoint, chosen, sample, beam_size=4, alpha=0.6):

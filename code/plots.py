@@ -421,13 +421,212 @@ def head_statistics(values, title, reference=None, reference_label="uniform", wi
 # Figures of chapters 1, 2 and 4 ---------------------------------------------------------
 
 
+def against_length(sizes, series, title, ylabel, logy=True, legend_beside=False):
+    """Named series measured at the same sequence lengths (series = {label: values}) on a log
+    n axis, ticked at each measured n; lines that coincide differ by their dash."""
+    sizes = _as_array(sizes)
+    fig, ax = plt.subplots()
+    styles = itertools.cycle(["o-", "s--", "^-.", "D:", "v-"])
+    for (label, values), style in zip(series.items(), styles):
+        ax.plot(sizes, _as_array(values), style, label=label)
+    ax.set(title=title, xlabel="sequence length n", ylabel=ylabel, xscale="log")
+    ax.set_xticks(sizes, [f"{size:g}" for size in sizes])
+    ax.set_xticks([], minor=True)
+    if logy:
+        ax.set_yscale("log")
+    if legend_beside:
+        ax.legend(loc="upper left", bbox_to_anchor=(1, 1))
+    else:
+        ax.legend()
+    return fig
+
+
 # Figures of chapters 3.1 to 3.2.3 -------------------------------------------------------
+
+
+def residual_stream_scale(rms):
+    """The root-mean-square of the residual stream after each block of a deep stack, one line
+    per arrangement: rms = {label: values, one per block}."""
+    blocks = np.arange(1, len(next(iter(rms.values()))) + 1)
+    title = "Scale of the residual stream through a deep stack"
+    return curves(blocks, rms, title, "block", "root-mean-square of the stream")
+
+
+def dot_product_variance(dims, measured):
+    """The measured variance of q.k for each d_k against footnote 4's d_k, on log-log axes."""
+    series = {"measured variance of q.k": measured, "d_k (the footnote)": dims}
+    styles = {"measured variance of q.k": "o", "d_k (the footnote)": "--"}
+    title = "Dot products of random unit-variance vectors"
+    return curves(dims, series, title, "d_k", "variance", logx=True, logy=True, styles=styles)
+
+
+def softmax_saturation(dims, largest, jacobian_norms):
+    """Two panels over d_k: the mean largest softmax weight, and the mean norm of the softmax's
+    Jacobian with its standard error. largest = {label: one mean per d_k}; jacobian_norms =
+    {label: one tensor of per-query norms per d_k}."""
+    fig, axes = plt.subplots(1, 2, figsize=(7, 3.4))
+    for (label, values), marker in zip(largest.items(), "os"):
+        axes[0].plot(dims, values, marker + "-", label=label)
+    for (label, norms), marker in zip(jacobian_norms.items(), "os"):
+        norms = [_as_array(n) for n in norms]
+        mean = [n.mean() for n in norms]
+        error = [n.std(ddof=1) / np.sqrt(len(n)) for n in norms]
+        axes[1].errorbar(dims, mean, yerr=error, fmt=marker + "-", capsize=2, label=label)
+    axes[0].set(xscale="log", xlabel="d_k", ylabel="largest softmax weight", title="Saturation")
+    axes[1].set(
+        xscale="log",
+        yscale="log",
+        xlabel="d_k",
+        ylabel="norm of the softmax Jacobian",
+        title="Gradient of the softmax",
+    )
+    for ax in axes:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def head_maps(weights, title):
+    """One layer's attention weights (h, seq_q, seq_k), one small heatmap per head, positions
+    labelled t0, t1, ..."""
+    h, seq_q, seq_k = weights.shape
+    query_tokens, key_tokens = [f"t{i}" for i in range(seq_q)], [f"t{i}" for i in range(seq_k)]
+    return attention_grid(weights, query_tokens, key_tokens, title, cell=0.09)
 
 
 # Figures of chapters 3.3 to 3.6 ---------------------------------------------------------
 
 
+def positional_table(table):
+    """A positional encoding table (positions, d_model) as a heatmap: position across,
+    dimension down, -1 red to +1 blue."""
+    positions, d_model = table.shape
+    return heatmap(
+        _as_array(table).T,
+        f"Positional encoding, {positions} positions x {d_model} dimensions",
+        "position",
+        "dimension",
+        xticklabels=10,
+        yticklabels=16,
+        cmap="RdBu",
+        vmin=-1,
+        vmax=1,
+        figsize=(8, 4),
+    )
+
+
+def positional_dimensions(table, dimensions):
+    """Some columns of a positional encoding table (positions, d_model) against position."""
+    series = {f"dimension {d}": _as_array(table)[:, d] for d in dimensions}
+    title = "A few dimensions of the encoding"
+    fig = curves(np.arange(len(table)), series, title, "position", "value")
+    fig.axes[0].legend(loc="upper left", bbox_to_anchor=(1, 1))  # beside the curves
+    return fig
+
+
+def rotating_pair(table, i):
+    """The pair of dimensions (2i, 2i + 1) of a positional encoding table, one point per
+    position: the positions walk around the unit circle."""
+    pair = _as_array(table)[:, 2 * i : 2 * i + 2]
+    label = f"positions 0..{len(pair) - 1}"
+    fig = curves(
+        pair[:, 0],
+        {label: pair[:, 1]},
+        "One (sin, cos) pair: positions walk around a circle",
+        f"PE(pos, {2 * i})",
+        f"PE(pos, {2 * i + 1})",
+        styles={label: "o-"},
+        figsize=(4.5, 4.5),
+    )
+    fig.axes[0].set_aspect("equal")
+    return fig
+
+
+def dot_products_by_offset(offsets, series):
+    """Dot products PE(pos) . PE(pos + k) against the offset k, one curve per pos:
+    series = {label: values}."""
+    styles = dict(zip(series, itertools.cycle(["-", "--", ":", "-."])))
+    title = "PE(pos) . PE(pos + k) depends on k only"
+    return curves(offsets, series, title, "offset k", "dot product", styles=styles)
+
+
 # Figures of chapters 6.2 and 7 ----------------------------------------------------------
+
+
+def _short_change(ours):
+    """A row's change at our scale without the d_k and d_v that follow a new d_model (they
+    keep d_model / h); a change of d_k alone is kept, and the base row is "base"."""
+    parts = ours.split()
+    return " ".join([p for p in parts if not p.startswith(("d_k=", "d_v="))] or parts) or "base"
+
+
+def table3_comparison(comparison, noise, series, title):
+    """Chapter 6.2's bars: table3_changes for every row of `comparison` but the base row, a
+    frame indexed by the paper's labels with the columns "ours" (what the row changes at our
+    scale), "paper ΔPPL %", "ΔPPL %" and our extremes over seeds, "lowest" and "highest";
+    noise is the base row's spread over seeds, in percent."""
+    changed = comparison.drop(index="base")
+    return table3_changes(
+        [f"{label}\nours: {ours}" for label, ours in zip(changed.index, changed["ours"])],
+        changed["paper ΔPPL %"],
+        changed["ΔPPL %"],
+        series,
+        noise,
+        (changed["lowest"], changed["highest"]),
+        title,
+    )
+
+
+def table3_sizes(comparison, series, title):
+    """Chapter 6.2's size chart: ppl_vs_params for the base row and the rows (B) and (C) of
+    `comparison` (as in table3_comparison, with the columns "paper params ×10⁶", "paper PPL",
+    "params" and "PPL"), each point labelled with what the row changes at our scale."""
+    sized = comparison[[label == "base" or label[1] in "BC" for label in comparison.index]]
+    return ppl_vs_params(
+        [_short_change(ours) for ours in sized["ours"]],
+        sized["paper params ×10⁶"].to_numpy(dtype=float),
+        sized["paper PPL"].to_numpy(dtype=float),
+        sized["params"].to_numpy(dtype=float),
+        sized["PPL"].to_numpy(dtype=float),
+        series,
+        title,
+    )
+
+
+def sentence_attention(sentence, kind, layer, **options):
+    """Chapter 7's maps: attention_grid of one layer (counted from 1) of one sentence as
+    attention_maps.extract records it (its tokens and its weights {kind: (N, h, seq_q,
+    seq_k)}), for kind encoder_self, decoder_self or encoder_decoder."""
+    queries = {
+        "encoder_self": sentence["source"],
+        "decoder_self": sentence["target_input"],
+        "encoder_decoder": sentence["target_output"],
+    }[kind]
+    keys = sentence["target_input"] if kind == "decoder_self" else sentence["source"]
+    names = {
+        "encoder_self": "encoder self-attention",
+        "decoder_self": "decoder self-attention",
+        "encoder_decoder": "encoder-decoder attention (rows: the token being produced)",
+    }
+    title = f"layer {layer}, {names[kind]}: {sentence['text']}"
+    weights = sentence["attention"][kind][layer - 1 : layer]
+    return attention_grid(weights, queries, keys, title, first_layer=layer, **options)
+
+
+def head_table_figure(table, columns, title, reference=None, reference_label="uniform"):
+    """head_statistics of a table with one row per head, indexed "layer.head" in order
+    (1.1, 1.2, ...), and a last row "uniform" (as attention_maps.head_table returns it):
+    one panel per column. reference maps a column to its baseline; by default the uniform
+    row's values."""
+    heads = table.drop(index="uniform")
+    layer, head = (heads.index.str.split(".").str[i].astype(int) for i in (0, 1))
+    shape = (layer.max(), head.max())
+    if list(zip(layer, head)) != list(itertools.product(*(range(1, n + 1) for n in shape))):
+        raise ValueError(f"the rows are not every layer.head in order: {list(heads.index)}")
+    values = {column: heads[column].to_numpy().reshape(shape) for column in columns}
+    if reference is None:
+        reference = {column: table.loc["uniform", column] for column in columns}
+    return head_statistics(values, title, reference, reference_label)
 
 
 # Figures of chapters 5 and 6.1 ----------------------------------------------------------

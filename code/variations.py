@@ -33,6 +33,8 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 
+import pandas as pd
+
 import annotated_transformer as at
 import cli
 import engineering_runs as eng
@@ -224,6 +226,71 @@ def run_variant(
         f"{row['cpu_seconds']} s CPU in all"
     )
     return row
+
+
+def paper_table(rows):
+    """Table 3 as the paper prints it, one line per Table3Row (by its label): perplexity and
+    BLEU on newstest2013, parameters in millions ("" where the paper leaves the cell blank)
+    and training steps."""
+    return pd.DataFrame(
+        [
+            {
+                "row": row.label,
+                "PPL (dev)": row.ppl,
+                "BLEU (dev)": row.bleu,
+                "params ×10⁶": row.params_m or "",
+                "steps": f"{row.steps // 1000}K",
+            }
+            for row in rows
+        ]
+    ).set_index("row")
+
+
+def scaled_rows(scale):
+    """What each of the paper's rows changes at `scale` (a Scale), by the paper's label; the
+    base row described by the fields of its model."""
+    m = scale.base.model
+    base = f"N={m.N} d_model={m.d_model} d_ff={m.d_ff} h={m.h} d_k=d_v={m.d_k or m.d_model // m.h}"
+    return pd.DataFrame(
+        [
+            {"paper's row": label, "ours": describe(changes) or base}
+            for label, changes in scale.rows.items()
+        ]
+    ).set_index("paper's row")
+
+
+def compare(results, paper_rows, rows=CPU_ROWS):
+    """The sweep beside the paper, one line per row of `rows` (labels to changes): the paper's
+    perplexity, BLEU and parameters (paper_rows: Table3Row by label) and its perplexity change
+    from its base row in percent; ours from `results` (the CSV as a DataFrame, three or more
+    seeds a row): what we changed, parameters, mean PPL and BLEU, the mean over seeds of the
+    change from the base run of the same seed (PPL in percent, BLEU in points), the range of
+    the PPL change as text and its extremes (lowest, highest)."""
+    base = results[results["row"] == "base"].set_index("seed")
+    lines = []
+    for label, changes in rows.items():
+        runs = results[results["row"] == label].set_index("seed")
+        row = paper_rows[label]
+        change = 100 * (runs["val_ppl"] / base["val_ppl"] - 1)  # per seed, same-seed base
+        lines.append(
+            {
+                "row": label,
+                "paper PPL": row.ppl,
+                "paper BLEU": row.bleu,
+                "paper params ×10⁶": row.params_m or "",
+                "paper ΔPPL %": round(100 * (row.ppl / paper_rows["base"].ppl - 1), 1),
+                "ours": describe(changes),
+                "params": int(runs["params"].iloc[0]),
+                "PPL": round(runs["val_ppl"].mean(), 2),
+                "BLEU": round(runs["val_bleu"].mean(), 2),
+                "ΔPPL %": round(change.mean(), 1),
+                "ΔPPL % range": f"{change.min():.1f} to {change.max():.1f}",
+                "ΔBLEU": round((runs["val_bleu"] - base["val_bleu"]).mean(), 2),
+                "lowest": change.min(),
+                "highest": change.max(),
+            }
+        )
+    return pd.DataFrame(lines).set_index("row")
 
 
 def selected_rows(scale, wanted):

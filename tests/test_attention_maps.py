@@ -303,3 +303,154 @@ def test_head_statistics_draws_a_heatmap_with_colour_bar_per_statistic():
     assert panels[2].images[0].get_clim() == (0.1, 0.5)
     with pytest.raises(ValueError, match="peak: shape"):
         plots.head_statistics(values | {"peak": np.zeros((3, 4))}, "heads")
+
+
+# ---- the tables and figures chapter 7 reads from the stored JSON ------------------------
+
+
+def stored_sentence():
+    """One sentence as the JSON stores it: N=2 layers of h=2 heads, a marked link from "er"
+    (position 0) to "Mann" (position 2) that head 2.1 follows."""
+    source = ["er", "sagt", "Mann", "</s>"]
+    target_output = ["he", "says", "man", "</s>"]
+    encoder = torch.full((2, 2, 4, 4), 0.25)
+    encoder[1, 0, 0] = torch.tensor([0.1, 0.0, 0.9, 0.0])
+    encoder[0, 1, 0] = torch.tensor([0.4, 0.0, 0.6, 0.0])
+    encoder_decoder = torch.full((2, 2, 4, 4), 0.25)
+    encoder_decoder[1, 1] = torch.eye(4)[[0, 1, 2, 2]] * 0.8 + 0.05
+    return {
+        "index": 7,
+        "text": "Er sagt Mann.",
+        "translation": "He says man.",
+        "reference": "He says: a man.",
+        "shows": "a pronoun",
+        "source": source,
+        "target_input": ["<s>", *target_output[:-1]],
+        "target_output": target_output,
+        "links": [[0, 2, "pronoun-antecedent"]],
+        "attention": {
+            "encoder_self": encoder,
+            "decoder_self": torch.tril(torch.ones(2, 2, 4, 4)) / torch.arange(1, 5).view(4, 1),
+            "encoder_decoder": encoder_decoder,
+        },
+    }
+
+
+def stored_data(snapshots=("7000", "average")):
+    """What attention_maps.load returns for the sentence above, with its statistics and
+    snapshots (the same weights in each, the encoder's self statistic raised by 0.01 a
+    snapshot)."""
+    sentence = stored_sentence()
+    statistics = attention_maps.statistics([sentence])
+    uniform = attention_maps.statistics([attention_maps.uniform_like(sentence)])
+    history = []
+    for n, label in enumerate(snapshots):
+        shifted = {kind: [dict(row) for row in rows] for kind, rows in statistics.items()}
+        for row in shifted["encoder_self"]:
+            row["self"] = round(row["self"] + 0.01 * n, 3)
+        history.append(
+            {
+                "label": label,
+                "step": 7000,
+                "statistics": shifted,
+                "links": attention_maps.link_weights([sentence]),
+            }
+        )
+    return {
+        "sentences": [sentence],
+        "statistics": {"sentences": 1, **statistics},
+        "uniform": {kind: rows[0] for kind, rows in uniform.items()},
+        "snapshots": history,
+    }
+
+
+def test_listing_gives_each_sentence_with_translation_reference_and_purpose():
+    text = attention_maps.listing([stored_sentence()] * 2)
+    assert text.split("\n\n")[1].splitlines() == [
+        "1. source:    Er sagt Mann.",
+        "   our model: He says man.",
+        "   reference: He says: a man.",
+        "   shows:     a pronoun",
+    ]
+
+
+def test_link_table_gives_every_heads_weight_and_a_summary_of_them():
+    links = attention_maps.link_table([stored_sentence()])
+    heads = attention_maps.head_columns(links)
+    assert heads == ["1.1", "1.2", "2.1", "2.2"]  # not the count "heads > 0.5"
+    (row,) = links.to_dict("records")
+    assert (row["link"], row["kind"], row["sentence"], row["query"]) == (
+        "er → Mann",
+        "pronoun-antecedent",
+        7,
+        0,
+    )
+    assert (row["distance"], row["uniform"]) == (2, 0.25)
+    assert [row[h] for h in heads] == [0.25, 0.6, 0.9, 0.25]
+    assert (row["best head"], row["its weight"], row["heads > 0.5"]) == ("2.1", 0.9, 2)
+    assert row["mean of heads"] == 0.5
+
+
+def test_head_table_is_indexed_by_head_with_uniform_attention_last():
+    data = stored_data()
+    table = attention_maps.head_table(data, "encoder_self")
+    assert list(table.index) == ["1.1", "1.2", "2.1", "2.2", "uniform"]
+    assert "layer" not in table and table.loc["uniform", "self"] == 0.25
+    source = attention_maps.head_table(data, "encoder_decoder")
+    assert source.loc["uniform", ["aligned", "reordered_aligned"]].isna().all()
+    assert source.loc["2.2", "aligned"] == 1.0  # "says" and "man" (the lexicon) both hit
+    assert attention_maps.strongest_head(data["statistics"], "encoder_decoder", "aligned") == "2.2"
+
+
+def test_top_words_name_each_heads_largest_weight_per_output_token():
+    table = attention_maps.top_words(stored_sentence(), 2, ["2.2"])
+    assert list(table.index) == ["he", "says", "man", "</s>"]
+    assert table["head 2.2"].tolist() == ["er 0.85", "sagt 0.85", "Mann 0.85", "Mann 0.85"]
+
+
+def test_link_and_claim_histories_have_one_column_per_snapshot():
+    data = stored_data()
+    links = attention_maps.link_history(data)
+    assert list(links.columns) == ["7000", "average"] and links.columns.name == "step"
+    assert links.loc["er → Mann (pronoun-antecedent)"].tolist() == [0.9, 0.9]
+    claims = attention_maps.claim_history(data)
+    assert list(claims.columns) == ["7000", "average"]
+    assert claims.index[-1] == "enc-dec, diagonal baseline"
+    assert claims.index[0].startswith("encoder ") and claims.index[0].endswith(", self")
+    assert claims.iloc[0, 1] == pytest.approx(claims.iloc[0, 0] + 0.01)
+
+
+def test_sentence_attention_draws_one_layer_with_the_tokens_of_its_kind():
+    import plots
+
+    sentence = stored_sentence()
+    fig = plots.sentence_attention(sentence, "decoder_self", 2)
+    assert [ax.get_title() for ax in fig.axes if ax.axison] == [
+        "layer 2, head 1",
+        "layer 2, head 2",
+    ]
+    first = fig.axes[0]
+    assert [t.get_text() for t in first.get_yticklabels()] == sentence["target_input"]
+    assert [t.get_text() for t in first.get_xticklabels()] == sentence["target_input"]
+    fig = plots.sentence_attention(sentence, "encoder_decoder", 1)
+    first = fig.axes[0]
+    assert [t.get_text() for t in first.get_yticklabels()] == sentence["target_output"]
+    assert [t.get_text() for t in first.get_xticklabels()] == sentence["source"]
+
+
+def test_head_table_figure_lays_out_heads_by_layer_and_marks_the_reference():
+    import plots
+
+    table = attention_maps.head_table(stored_data(), "encoder_self")
+    fig = plots.head_table_figure(table, ["self", "peak"], "heads")
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == [
+        "self (uniform: 0.25, dashed)",
+        "peak (uniform: 0.25, dashed)",
+    ]
+    assert panels[1].images[0].get_array().shape == (2, 2)
+    assert [t.get_text() for t in panels[1].texts] == ["0.25", "0.34", "0.41", "0.25"]  # row means
+    fig = plots.head_table_figure(table, ["self"], "heads", {"self": 0.5}, "baseline")
+    assert fig.axes[0].get_title() == "self (baseline: 0.50, dashed)"
+    with pytest.raises(ValueError, match="not every layer.head in order"):
+        plots.head_table_figure(table.iloc[[1, 0, 2, 3, 4]], ["self"], "heads")

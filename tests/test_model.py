@@ -421,3 +421,72 @@ def test_each_module_is_initialised_by_its_own_rule_and_no_two_layers_start_equa
         and shared.tgt_embed[0].embedding.weight is weight
     )
     assert abs(weight.std().item() * d_model**0.5 - 1) < 0.02
+
+
+# ---- stacks and heads (§3.1, §3.2.2) ---------------------------------------------------
+
+
+def test_clones_are_independent_deep_copies():
+    layers = at.clones(torch.nn.Linear(4, 4), 6)
+    assert len(layers) == 6 and len({layer.weight.data_ptr() for layer in layers}) == 6
+    with torch.no_grad():
+        layers[0].weight.add_(1.0)  # training one copy leaves the others alone
+    assert not torch.equal(layers[0].weight, layers[1].weight)
+
+
+# ---- chapters 3.3 to 3.6: what their pages show in short --------------------------------
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_self_attention_and_feed_forward_are_permutation_equivariant(fused):
+    # chapter 3.5: without positions, the model cannot tell word order; chapter 3.3: the
+    # feed-forward network is applied to each position separately and identically
+    self_attn = at.MultiHeadedAttention(4, 32, fused=fused).eval()
+    ffn = at.PositionwiseFeedForward(32, 64).eval()
+    x, order = torch.randn(2, 6, 32), torch.tensor([3, 0, 5, 1, 4, 2])
+    shuffled = x[:, order]
+    torch.testing.assert_close(
+        self_attn(shuffled, shuffled, shuffled), self_attn(x, x, x)[:, order]
+    )
+    torch.testing.assert_close(ffn(shuffled), ffn(x)[:, order])
+
+
+def test_positional_encoding_adds_the_table_in_eval_mode_and_drops_in_training():
+    # chapter 3.5, dropout on the sums (§5.4): the table alone in eval mode, inverted dropout
+    # (zeros, the rest scaled by 1 / (1 - P_drop)) in training mode
+    layer = at.PositionalEncoding(d_model=16, dropout=0.5, max_len=10)
+    embeddings = torch.ones(1, 10, 16)
+    expected = embeddings + at.positional_encoding(10, 16)
+    torch.testing.assert_close(layer.eval()(embeddings), expected, rtol=0, atol=0)
+    dropped = layer.train()(embeddings)
+    kept = dropped != 0
+    assert 0.3 < 1 - kept.float().mean().item() < 0.7
+    torch.testing.assert_close(dropped[kept], 2 * expected[kept])
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_multi_head_attention_equals_h_separate_heads(fused):
+    # Eq. of §3.2.2 taken literally: each head's own W_i^Q, W_i^K, W_i^V sliced from the
+    # stacked matrices, attention per head, the outputs concatenated and multiplied by W^O
+    layer = at.MultiHeadedAttention(4, 32, fused=fused, d_k=6, d_v=5).eval()
+    query, key, value = torch.randn(2, 5, 32), torch.randn(2, 7, 32), torch.randn(2, 7, 32)
+    W_Q, W_K, W_V, W_O = (w.weight.T for w in (layer.w_q, layer.w_k, layer.w_v, layer.w_o))
+    heads = [
+        at.attention(
+            query @ W_Q[:, i * 6 : (i + 1) * 6],
+            key @ W_K[:, i * 6 : (i + 1) * 6],
+            value @ W_V[:, i * 5 : (i + 1) * 5],
+        )[0]
+        for i in range(4)
+    ]
+    with torch.no_grad():
+        torch.testing.assert_close(
+            layer(query, key, value), torch.cat(heads, dim=-1) @ W_O, atol=1e-5, rtol=0
+        )
+
+
+@pytest.mark.parametrize("h", [1, 8, 16, 32])
+def test_multi_head_parameters_do_not_depend_on_h(h):
+    layer = at.MultiHeadedAttention(h, 512)
+    assert layer.d_k == layer.d_v == 512 // h
+    assert sum(p.numel() for p in layer.parameters()) == 4 * 512**2

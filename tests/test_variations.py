@@ -326,3 +326,86 @@ def test_the_labels_of_the_parameters_chart_stay_inside_and_apart():
         for x, y in points:
             if (x, y) != tuple(own):
                 assert not boxes[name].contains(x, y), name
+
+
+# ---- the tables and charts of chapter 6.2 ----------------------------------------------
+
+
+def made_up_results():
+    """A sweep as the CSV holds it: the base row and two rows, three seeds each."""
+    import pandas as pd
+
+    runs = {"base": ([7.0, 8.0, 7.5], [35.0, 34.0, 36.0], 100)}
+    runs["(B) d_k=16"] = ([7.7, 8.4, 8.25], [33.0, 33.0, 35.0], 80)
+    runs["(C) N=2"] = ([6.3, 8.8, 7.5], [36.0, 34.0, 36.5], 60)
+    lines = [
+        {"row": row, "seed": seed, "val_ppl": ppl[seed], "val_bleu": bleu[seed], "params": n}
+        for row, (ppl, bleu, n) in runs.items()
+        for seed in range(3)
+    ]
+    return pd.DataFrame(lines)
+
+
+MADE_UP_ROWS = {"base": {}, "(B) d_k=16": {"d_k": 8}, "(C) N=2": {"N": 1}}
+
+
+def test_paper_table_prints_every_row_and_leaves_blank_parameter_cells_blank():
+    table = variations.paper_table(at.TABLE3_ROWS)
+    assert list(table.index) == [row.label for row in at.TABLE3_ROWS]
+    assert table.loc["base"].tolist() == [4.92, 25.8, 65, "100K"]
+    assert table.loc["(A) h=1, d_k=512, d_v=512", "params ×10⁶"] == ""
+    assert table.loc["big", "steps"] == "300K"
+
+
+def test_scaled_rows_describe_the_base_model_and_each_change():
+    table = variations.scaled_rows(variations.SCALES["cpu"])
+    assert list(table.index) == list(variations.CPU_ROWS)
+    assert table.loc["base", "ours"] == "N=3 d_model=256 d_ff=512 h=8 d_k=d_v=32"
+    assert table.loc["(C) N=2", "ours"] == "N=1"
+
+
+def test_compare_sets_each_seed_against_the_base_run_of_the_same_seed():
+    paper_rows = {row.label: row for row in at.TABLE3_ROWS}
+    table = variations.compare(made_up_results(), paper_rows, MADE_UP_ROWS)
+    assert list(table.index) == list(MADE_UP_ROWS)
+    b = table.loc["(B) d_k=16"]
+    # per seed +10%, +5%, +10% over the base run of that seed: mean 8.3, range 5 to 10
+    assert b["ΔPPL %"] == pytest.approx(8.3) and (b["lowest"], b["highest"]) == pytest.approx(
+        (5.0, 10.0)
+    )
+    assert b["ΔPPL % range"] == "5.0 to 10.0" and b["ΔBLEU"] == pytest.approx(-4 / 3, abs=0.01)
+    assert (b["ours"], b["params"], b["PPL"], b["BLEU"]) == ("d_k=8", 80, 8.12, 33.67)
+    assert (b["paper PPL"], b["paper params ×10⁶"]) == (5.16, 58)
+    assert b["paper ΔPPL %"] == pytest.approx(round(100 * (5.16 / 4.92 - 1), 1))
+    base = table.loc["base"]
+    assert (base["ΔPPL %"], base["ΔBLEU"], base["ours"]) == (0, 0, "")
+
+
+def test_the_comparison_charts_draw_every_row_from_the_comparison_table():
+    import plots
+
+    paper_rows = {row.label: row for row in at.TABLE3_ROWS}
+    table = variations.compare(made_up_results(), paper_rows, MADE_UP_ROWS)
+    series = ("the paper's rows", "rows of a run")
+    bars = plots.table3_comparison(table, 2.5, series, "changes").axes[0]
+    labels = [tick.get_text() for tick in bars.get_yticklabels()]
+    assert labels == ["(B) d_k=16\nours: d_k=8", "(C) N=2\nours: N=1"]  # the base row left out
+    assert bars.get_title() == "changes"
+    sizes = plots.table3_sizes(table, series, "sizes").axes[0]
+    assert sorted(text.get_text() for text in sizes.texts) == ["N=1", "base", "d_k=8"]
+    assert [t.get_text() for t in sizes.get_legend().get_texts()] == list(series)
+
+
+@pytest.mark.parametrize(
+    "ours, label",
+    [
+        ("", "base"),
+        ("d_k=8", "d_k=8"),
+        ("d_model=128 d_k=16 d_v=16", "d_model=128"),
+        ("N=1", "N=1"),
+    ],
+)
+def test_a_size_point_is_labelled_by_what_its_row_changes(ours, label):
+    import plots
+
+    assert plots._short_change(ours) == label
