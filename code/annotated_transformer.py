@@ -579,12 +579,15 @@ class Batch:
     tgt_y: torch.Tensor  # (batch, seq_tgt): y_1 ... y_m </s>
     src_mask: torch.Tensor  # (batch, 1, seq_src)
     tgt_mask: torch.Tensor  # (batch, seq_tgt, seq_tgt)
-    ntokens: int
+    ntokens: int | torch.Tensor
 
     @classmethod
-    def from_tensors(cls, src, tgt, ntokens, pad_id=PAD_ID):
-        """A Batch from padded source and target ids (the target with <s> and </s>)."""
+    def from_tensors(cls, src, tgt, ntokens=None, pad_id=PAD_ID):
+        """A Batch from padded source and target ids (the target with <s> and </s>);
+        ntokens, the real target tokens, counted if not given."""
         tgt_in, tgt_y = tgt[:, :-1], tgt[:, 1:]
+        if ntokens is None:
+            ntokens = (tgt_y != pad_id).sum()
         masks = padding_mask(src, pad_id), target_mask(tgt_in, pad_id)
         return cls(src, tgt_in, tgt_y, *masks, ntokens)
 

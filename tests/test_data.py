@@ -109,7 +109,7 @@ def test_interrupted_download_leaves_nothing_behind(isolated, monkeypatch):
         target.write(source.read(1000))
         raise ConnectionResetError("connection lost")
 
-    monkeypatch.setattr(at.shutil, "copyfileobj", cut_off)
+    monkeypatch.setattr(eng.shutil, "copyfileobj", cut_off)
     with pytest.raises(eng.DatasetError, match="could not download"):
         eng.load_multi30k("val", base_url=mirror.as_uri() + "/")
     assert not any(eng.default_cache_dir().iterdir())

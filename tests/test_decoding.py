@@ -85,7 +85,7 @@ def test_decoding_builds_no_graph_even_outside_no_grad():
     src, src_mask = sources()
     graphs = []
     model.generator.register_forward_hook(lambda module, args, out: graphs.append(out.grad_fn))
-    for search in (fd.fast_greedy_decode, at.beam_search):
+    for search in (fd.fast_greedy_decode, fd.fast_beam_search):
         for cache in (True, False):
             search(model, src, src_mask, max_len=4, cache=cache)
     assert len(graphs) == 16 and graphs == [None] * 16  # 4 searches of 4 steps
@@ -133,7 +133,7 @@ def ends_often(model):
 def test_the_cached_and_the_plain_decoder_give_the_same_tokens(seed, options):
     model = small_model(seed, **options)
     src, src_mask = sources(seed)
-    searches = [(fd.fast_greedy_decode, {})] + [(at.beam_search, {"beam_size": k}) for k in (2, 4)]
+    searches = [(fd.fast_greedy_decode, {})] + [(fd.fast_beam_search, {"beam_size": k}) for k in (2, 4)]
     lengths = []
     for search, settings in searches:
         cached = search(model, src, src_mask, max_len=15, cache=True, **settings)
@@ -534,3 +534,40 @@ def test_evaluate_bleu_scores_with_sacrebleu(tiny_run, monkeypatch):
     monkeypatch.setattr(at, "translate", lambda *args, **kwargs: lowercase_first)
     scores = at.evaluate_bleu(model, tokenizer, pairs)
     assert 0 < scores["bleu"] < 100 and scores["bleu_lowercase"] == 100.0
+
+
+@pytest.mark.parametrize("beam_size, alpha", [(1, 0.0), (2, 0.6), (4, 0.6), (4, 1.2)])
+def test_the_one_sentence_beam_search_gives_the_batched_searchs_tokens(beam_size, alpha):
+    """6.1's beam_search (one sentence, a Python walk over the candidates) and the fast
+    decoding page's batched search, plain and cached, find the same hypothesis for every
+    sentence of a padded batch; the model is made to end sentences at different lengths,
+    so that finished hypotheses, the penalty and the early stop all take part."""
+    torch.manual_seed(3)
+    model = at.make_model(20, 20, N=2, d_model=32, d_ff=64, h=4).double().eval()
+    with torch.no_grad():
+        model.generator.projection.weight[at.EOS_ID] *= 3
+    src = torch.randint(4, 20, (8, 7))
+    src[2, 4:] = at.PAD_ID
+    src_mask = at.padding_mask(src, at.PAD_ID)
+    options = {"max_len": 15, "beam_size": beam_size, "alpha": alpha}
+    batched = fd.fast_beam_search(model, src, src_mask, cache=False, **options)
+    assert torch.equal(batched, fd.fast_beam_search(model, src, src_mask, **options))
+    lengths = []
+    for i in range(src.size(0)):
+        one = at.beam_search(model, src[i : i + 1], src_mask[i : i + 1], **options)[0]
+        assert torch.equal(batched[i, : one.numel()], one)
+        assert (batched[i, one.numel() :] == at.PAD_ID).all()
+        lengths.append(one.numel() - 1)
+    assert min(lengths) < 15 == max(lengths) or beam_size == 1
+    decoded = at.decode_batch(model, src, src_mask, beam_size, alpha)
+    assert torch.equal(decoded, fd.fast_decode_batch(model, src, src_mask, beam_size, alpha))
+
+
+def test_the_papers_greedy_decode_gives_the_fast_paths_tokens():
+    torch.manual_seed(4)
+    model = at.make_model(20, 20, N=2, d_model=32, d_ff=64, h=4).eval()
+    src = torch.randint(4, 20, (5, 9))
+    src[1, 6:] = at.PAD_ID
+    src_mask = at.padding_mask(src, at.PAD_ID)
+    plain = at.greedy_decode(model, src, src_mask, max_len=12)
+    assert torch.equal(plain, fd.fast_greedy_decode(model, src, src_mask, max_len=12))

@@ -114,10 +114,10 @@ def test_evaluate_decodes_test_only_at_the_alpha_that_val_chose(
     calls, real = [], at.evaluate_bleu
     made_up = {0.6: 30.0, 0.9: 31.5, 1.2: 31.0}
 
-    def recorded(model, tokenizer, pairs, beam_size=4, alpha=0.6, batch_size=64):
+    def recorded(model, tokenizer, pairs, beam_size=4, alpha=0.6, batch_size=64, decode=None):
         split = "val" if pairs == val_pairs else "test2016"
         calls.append((split, beam_size, alpha))
-        scores = real(model, tokenizer, pairs, beam_size, alpha, batch_size)
+        scores = real(model, tokenizer, pairs, beam_size, alpha, batch_size, decode)
         return {
             **scores,
             "bleu": made_up[alpha] + (5 if split == "test2016" and alpha == 1.2 else 0),

@@ -13,11 +13,68 @@ import pytest
 import export
 
 
-def test_committed_module_matches_the_chapters():
-    generated = export.generate()
-    assert export.MODULE.read_text() == generated, (
-        "code/annotated_transformer.py differs from the chapters: run `python code/export.py`"
+def test_committed_modules_match_the_chapters():
+    modules = export.generate_all()
+    assert set(modules) == {
+        export.MODULE,
+        *(export.MODULE.parent / f"{page}.py" for page in BACK_MATTER_MODULES),
+    }
+    for path, generated in modules.items():
+        assert path.read_text() == generated, (
+            f"{path.name} differs from the chapters: run `python code/export.py`"
+        )
+
+
+BACK_MATTER_MODULES = ("engineering_runs", "cuda_graphs", "fast_decoding")
+# what belongs to the back matter: runs that survive, CUDA graphs, fast decoding
+MACHINERY = (
+    "RunFolder", "CHECKPOINT_FORMAT", "save_checkpoint", "RunConfig", "PROFILES", "GradScaler",
+    "autocast", "DistributedDataParallel", "CUDAGraph", "GraphedTrainStep", "KeyValueCache",
+    "AttentionCache", "tqdm", ".lock",
+)  # fmt: skip
+
+
+def test_the_papers_module_holds_chapters_3_to_6_and_no_machinery():
+    """The paper's module names no lock, checkpoint format, scaler, CUDA graph or cache of the
+    back matter, and imports none of its modules; each back-matter module imports the
+    paper's, and its code comes from its own page only."""
+    text = export.MODULE.read_text()
+    tree = ast.parse(text)
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module)])
+    }
+    assert not imported & {*BACK_MATTER_MODULES, "tqdm"}, imported
+    found = [word for word in MACHINERY if word in text]
+    assert not found, f"the paper's module names machinery of the back matter: {found}"
+    banners = re.findall(r"^# .*, from (chapters/\S+)\.ipynb$", text, re.M)
+    assert banners and all(b.split("/")[1][:2].isdigit() for b in banners), banners
+    for page in BACK_MATTER_MODULES:
+        module = (export.MODULE.parent / f"{page}.py").read_text()
+        assert "from annotated_transformer import" in module
+        assert re.findall(r"^# .*, from (chapters/\S+)\.ipynb$", module, re.M) == [
+            f"chapters/{page}"
+        ]
+
+
+def test_importing_the_papers_module_imports_no_machinery(tmp_path):
+    probe = (
+        "import sys, annotated_transformer\n"
+        "loaded = {'engineering_runs', 'cuda_graphs', 'fast_decoding'} & set(sys.modules)\n"
+        "assert not loaded, loaded\n"
     )
+    code_dir = export.MODULE.parent
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(code_dir), "PYTHONDONTWRITEBYTECODE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
 
 
 def test_check_flag_reports_drift(tmp_path, monkeypatch, capsys):
@@ -32,7 +89,7 @@ def test_check_flag_reports_drift(tmp_path, monkeypatch, capsys):
 
 def test_module_follows_the_table_of_contents():
     text = export.MODULE.read_text()
-    chapters = [f for f in export.toc_files() if (export.ROOT / f"{f}.ipynb").exists()]
+    chapters = [f for f in export.paper_files() if (export.ROOT / f"{f}.ipynb").exists()]
     positions = [
         text.find(f"from {f}.ipynb\n")
         for f in chapters

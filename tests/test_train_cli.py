@@ -47,7 +47,7 @@ def test_every_config_field_is_a_flag_that_parses():
     given = {bool: [], int: ["3"], float: ["0.25"], str: ["learned"]}
     parsed = {bool: True, int: 3, float: 0.25, str: "learned"}
     names = set()
-    for field in dataclasses.fields(at.TrainConfig) + dataclasses.fields(at.ModelConfig):
+    for field in dataclasses.fields(eng.RunConfig) + dataclasses.fields(at.ModelConfig):
         if field.name == "model":
             continue
         kind = int if field.type == int | None else field.type  # d_k, d_v: None = d_model / h
@@ -224,7 +224,7 @@ def test_one_tokenizer_per_vocabulary_size_is_learned_once(tmp_path, monkeypatch
         learned.append(vocab_size)
         return original(pairs, vocab_size, path)
 
-    monkeypatch.setattr(at, "train_bpe", counting)
+    monkeypatch.setattr(eng, "train_bpe", counting)
     get = cli.tokenizers(toy_pairs(), tmp_path)
     first = get(40)
     assert get(40) is first and get(50).get_vocab_size() == 50 and learned == [40, 50]

@@ -211,7 +211,7 @@ def test_run_writes_checkpoint_tokenizer_and_metrics(tmp_path):
 
 def test_a_time_budget_ends_the_run_at_the_last_checkpoint_its_pace_fits(tmp_path, monkeypatch):
     clock = [0.0]  # a step takes one second; validating and saving take none
-    monkeypatch.setattr(at.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(eng.time, "perf_counter", lambda: clock[0])
     step = eng.train_step_amp
 
     def one_second_step(*args, **kwargs):
@@ -626,7 +626,7 @@ def test_a_resume_in_another_precision_is_refused_and_fastest_keeps_the_saved_on
     def never(*args):
         raise AssertionError("a resumed run must not measure again")
 
-    monkeypatch.setattr(at, "faster_precision", never)
+    monkeypatch.setattr(eng, "faster_precision", never)
     messages = []
     eng.train(more, toy_pairs(), tmp_path, resume=True, log=messages.append, amp="fastest")
     assert "amp fastest: bfloat16 (the checkpoint)" in messages
@@ -635,7 +635,7 @@ def test_a_resume_in_another_precision_is_refused_and_fastest_keeps_the_saved_on
 @pytest.mark.parametrize("slower", [None, torch.bfloat16])
 def test_fastest_keeps_the_precision_whose_steps_take_less_time(slower, tmp_path, monkeypatch):
     clock = [0.0]
-    monkeypatch.setattr(at.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(eng.time, "perf_counter", lambda: clock[0])
     original = eng.train_step_amp
 
     def timed(*args, amp=None, **kwargs):
@@ -681,7 +681,7 @@ def test_the_loss_is_read_from_the_device_only_every_log_every_steps(tmp_path, m
         reads.append(len(state.history) + len(pending))  # the step a read reaches
         original(state, pending, world)
 
-    monkeypatch.setattr(at, "record_losses", counting)
+    monkeypatch.setattr(eng, "record_losses", counting)
     pairs = toy_pairs(400)  # about 20 batches an epoch
     config = dataclasses.replace(TINY, max_steps=23, checkpoint_every=23, log_every=5)
     _, tokenizer, history = eng.train(config, pairs, tmp_path, log=quiet)
@@ -713,7 +713,7 @@ def test_validation_during_training_is_logged_and_stored_with_snapshots(tmp_path
 
 def test_a_given_tokenizer_is_used_and_not_retrained(tmp_path, monkeypatch):
     tokenizer = at.train_bpe(toy_pairs(), 200)
-    monkeypatch.setattr(at, "train_bpe", lambda *a, **k: pytest.fail("retrained the BPE"))
+    monkeypatch.setattr(eng, "train_bpe", lambda *a, **k: pytest.fail("retrained the BPE"))
     _, used, _ = eng.train(TINY, toy_pairs(), tmp_path, tokenizer=tokenizer, log=quiet)
     assert used is tokenizer
     assert at.load_tokenizer(tmp_path / "tokenizer.json").to_str() == tokenizer.to_str()
@@ -745,7 +745,7 @@ def test_stale_temporary_files_of_a_killed_save_are_removed_at_the_next_start(tm
 
 def test_a_missing_gpu_is_reported_before_any_work(tmp_path, monkeypatch):
     monkeypatch.setattr(at.torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(at, "train_bpe", lambda *a, **k: pytest.fail("work was done first"))
+    monkeypatch.setattr(eng, "train_bpe", lambda *a, **k: pytest.fail("work was done first"))
     with pytest.raises(ValueError, match="sees no GPU"):
         eng.train(TINY, toy_pairs(), tmp_path, device="cuda", log=quiet)
     with pytest.raises(ValueError, match="is not a device"):

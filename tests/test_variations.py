@@ -187,7 +187,7 @@ def test_each_cpu_row_changes_the_papers_fields_in_the_papers_direction(row):
 
 @pytest.fixture
 def toy_data(monkeypatch):
-    monkeypatch.setattr(at, "load_multi30k", lambda split, data_dir=None: toy_pairs(40))
+    monkeypatch.setattr(eng, "load_multi30k", lambda split, data_dir=None: toy_pairs(40))
     monkeypatch.setenv("RAYON_NUM_THREADS", "1")
     threads = torch.get_num_threads()
     yield
@@ -253,7 +253,7 @@ def test_bad_counts_are_refused_while_parsing(argv, message, capsys):
 
 
 def test_a_run_on_a_subset_of_the_pairs_is_not_reused_for_a_bigger_one(tmp_path, monkeypatch):
-    monkeypatch.setattr(at, "load_multi30k", lambda split, data_dir=None: toy_pairs(40))
+    monkeypatch.setattr(eng, "load_multi30k", lambda split, data_dir=None: toy_pairs(40))
     flags = ["--out", str(tmp_path), "--scale", "tiny", "--max-steps", "2", "--rows", "base"]
     flags += ["--vocab-size", "60", "--seeds", "0", "--device", "cpu"]
     assert variations.main([*flags, "--train-pairs", "20"]) == 0
