@@ -133,7 +133,9 @@ def ends_often(model):
 def test_the_cached_and_the_plain_decoder_give_the_same_tokens(seed, options):
     model = small_model(seed, **options)
     src, src_mask = sources(seed)
-    searches = [(fd.fast_greedy_decode, {})] + [(fd.fast_beam_search, {"beam_size": k}) for k in (2, 4)]
+    searches = [(fd.fast_greedy_decode, {})] + [
+        (fd.fast_beam_search, {"beam_size": k}) for k in (2, 4)
+    ]
     lengths = []
     for search, settings in searches:
         cached = search(model, src, src_mask, max_len=15, cache=True, **settings)
