@@ -224,7 +224,7 @@ def test_one_tokenizer_per_vocabulary_size_is_learned_once(tmp_path, monkeypatch
         learned.append(vocab_size)
         return original(pairs, vocab_size, path)
 
-    monkeypatch.setattr(eng, "train_bpe", counting)
+    monkeypatch.setattr(at, "train_bpe", counting)
     get = cli.tokenizers(toy_pairs(), tmp_path)
     first = get(40)
     assert get(40) is first and get(50).get_vocab_size() == 50 and learned == [40, 50]
