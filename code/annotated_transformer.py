@@ -690,7 +690,9 @@ class TrainConfig:
     seed: int = 0
     max_steps: int = 1000
 
-    def __post_init__(self):
+    def rules(self):
+        """{field: (what it must be, a test)}; a subclass adds the rules of its own fields."""
+
         def number(v):
             return isinstance(v, int | float) and not isinstance(v, bool)
 
@@ -703,7 +705,10 @@ class TrainConfig:
         rules["lr_factor"] = ("a positive finite number", lambda v: number(v) and 0 < v < math.inf)
         in_0_1 = ("in [0, 1)", lambda v: number(v) and 0 <= v < 1)
         rules["weight_decay"] = rules["smoothing"] = in_0_1
-        for name, (rule, holds) in rules.items():
+        return rules
+
+    def __post_init__(self):
+        for name, (rule, holds) in self.rules().items():
             if not holds(getattr(self, name)):
                 raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
 
@@ -906,9 +911,9 @@ def beam_search(
         for score, i in zip(top_scores.tolist(), index.tolist()):
             row, token = divmod(i, log_probs.size(1))
             if token == end_symbol or length == limit:  # finished: ranked by log P / lp
-                if score / length_penalty(length, alpha) > best_score:
-                    best_score = score / length_penalty(length, alpha)
-                    best = torch.cat([ys[row], ys.new_tensor([token])])
+                ranked = score / length_penalty(length, alpha)
+                if ranked > best_score:
+                    best, best_score = torch.cat([ys[row], ys.new_tensor([token])]), ranked
             else:
                 beam.append((row, token, score))
             if len(beam) == k:

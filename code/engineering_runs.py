@@ -409,13 +409,11 @@ class RunConfig(TrainConfig):
     bleu_sentences: int = 200
     log_every: int = 10
 
-    def __post_init__(self):
-        super().__post_init__()  # the recipe's rules, and every integer field is a count
-        seconds = self.max_seconds
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
-            raise ValueError(f"max_seconds must be a finite number >= 0, got {seconds!r}")
-        if not seconds < math.inf:
-            raise ValueError(f"max_seconds must be a finite number >= 0, got {seconds!r}")
+    def rules(self):
+        def seconds(v):
+            return isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < math.inf
+
+        return super().rules() | {"max_seconds": ("a finite number >= 0", seconds)}
 
     def identity(self):
         """The fields a checkpoint must agree on to be resumed."""
