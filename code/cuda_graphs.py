@@ -79,27 +79,36 @@ class DeviceSchedule:
     """CUDA graphs: the learning rate of Eq. (3), kept on the device where a captured step can
     set it. `steps` counts the updates made; `lr` is the tensor the optimizer reads, holding
     the rate of the next update (as make_optimizer's LambdaLR keeps it). step() advances
-    both on the device; state_dict() reads the count back, for checkpoints."""
+    both on the device; state_dict() reads the count back, for checkpoints. plan(last_step)
+    anneals the rate as annealed_rate does (the engineering page), in a captured step too."""
 
     def __init__(self, optimizer, d_model, factor=1.0, warmup=4000):
         self.lr = optimizer.param_groups[0]["lr"]
         if not all(group["lr"] is self.lr for group in optimizer.param_groups):
             raise ValueError("every parameter group must read the same learning-rate tensor")
         self.steps = torch.zeros((), dtype=torch.float32, device=self.lr.device)
+        self.last_step = torch.zeros((), dtype=torch.float32, device=self.lr.device)
         self.d_model, self.factor, self.warmup = d_model, factor, warmup
         self.step(advance=False)
 
     def step(self, advance=True):
         if advance:
             self.steps += 1
-        self.lr.copy_(device_rate(self.steps + 1, self.d_model, self.factor, self.warmup))
+        step, last = self.steps + 1, self.last_step
+        ramp = ((last - step) / (last - self.warmup).clamp(min=1)).clamp(0, 1)
+        ramp = torch.where(last > 0, ramp, 1.0)  # 0: not planned, Eq. (3) alone
+        self.lr.copy_(device_rate(step, self.d_model, self.factor, self.warmup) * ramp)
+
+    def plan(self, last_step):
+        self.last_step.fill_(last_step)
+        self.step(advance=False)
 
     def state_dict(self):
-        return {"steps": int(self.steps.item())}
+        return {"steps": int(self.steps.item()), "last_step": int(self.last_step.item())}
 
     def load_state_dict(self, state):
         self.steps.fill_(state["steps"])
-        self.step(advance=False)
+        self.plan(state.get("last_step", 0))
 
 
 def make_capturable_optimizer(model, d_model, factor=1.0, warmup=4000, weight_decay=0.0):

@@ -230,13 +230,32 @@ def cpu_model():
         return platform.processor() or platform.machine()
 
 
+def cpu_features():
+    """The instruction sets that decide this book's CPU speeds, as /proc/cpuinfo names them
+    (Linux; elsewhere none are named): AVX2, AVX-512, AVX-512 BF16, AMX."""
+    names = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_bf16": "AVX-512 BF16"}
+    names["amx_tile"] = "AMX"
+    try:
+        with open("/proc/cpuinfo") as file:
+            flags = next(line.split(":", 1)[1].split() for line in file if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return []
+    return [name for flag, name in names.items() if flag in flags]
+
+
 def hardware_description(device="cpu"):
-    """One line naming the machine a result came from: GPU name, or CPU model and threads."""
+    """One line naming the machine a result came from, as a reader needs it: the GPU and
+    whether float32 products run in TF32 there, or the CPU's model, the instruction sets of
+    cpu_features and the threads used; and torch's version."""
     device = torch.device(device)
     if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
-    threads = torch.get_num_threads()
-    return f"{cpu_model()}, {threads} thread{'s' * (threads != 1)}, torch {torch.__version__}"
+        tf32 = ", TF32 products" * native_bf16(device)  # what tf32_matmuls turns on
+        return f"{torch.cuda.get_device_name(device)}{tf32}, torch {torch.__version__}"
+    threads, features = torch.get_num_threads(), "/".join(cpu_features()) or "no AVX2"
+    return (
+        f"{cpu_model()} ({features}), {threads} thread{'s' * (threads != 1)}, "
+        f"torch {torch.__version__}"
+    )
 
 
 def unwrap(model):
@@ -393,6 +412,8 @@ class RunConfig(TrainConfig):
     must match.
 
     Attributes:
+        anneal: after warm-up, Eq. (3)'s rate times a ramp from 1 down to 0 at the run's
+            last step (max_steps, or with max_seconds the step its warm-up pace plans)
         max_seconds: a time budget (0: none): the run ends at the last checkpoint that its
             pace so far puts within this many seconds of training
         checkpoint_every: save a checkpoint every this many steps
@@ -402,6 +423,7 @@ class RunConfig(TrainConfig):
         log_every: read the loss from the device and log it every this many steps
     """
 
+    anneal: bool = False
     max_seconds: float = 0.0
     checkpoint_every: int = 500
     keep_checkpoints: int = 5
@@ -413,7 +435,10 @@ class RunConfig(TrainConfig):
         def seconds(v):
             return isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < math.inf
 
-        return super().rules() | {"max_seconds": ("a finite number >= 0", seconds)}
+        return super().rules() | {
+            "anneal": ("True or False", lambda v: type(v) is bool),
+            "max_seconds": ("a finite number >= 0", seconds),
+        }
 
     def identity(self):
         """The fields a checkpoint must agree on to be resumed."""
@@ -443,19 +468,21 @@ PROFILES = {
         eval_every=250,
         bleu_sentences=500,
     ),
-    # fifteen minutes on two CPU cores (chosen on val): multi30k's recipe with one layer less,
-    # no dropout and half the batch; the reference attention is faster on a CPU for
-    # sentences this short. As many steps as fit in 885 s of training (a margin under 900 s
-    # for the pace to vary), ending at a snapshot; one every 100 steps, for averaging
+    # fifteen minutes on two CPU cores: multi30k's recipe with one layer less and half the
+    # batch (the reference attention is faster on a CPU for sentences this short). As many
+    # steps as fit in 885 s of training (a margin under 900 s for the pace to vary), the
+    # rate annealed to zero at the last of them, and §5.4's dropout: a faster machine makes
+    # more steps, and more steps make a better model, not an overfitted one
     "fast": RunConfig(
-        model=replace(SMALL, N=2, h=8, d_ff=512, share_embeddings=True, dropout=0.0, fused=False),
+        model=replace(SMALL, N=2, h=8, d_ff=512, share_embeddings=True, fused=False),
         vocab_size=5000,
         max_tokens=1000,
         warmup_steps=400,
         lr_factor=0.33,
         weight_decay=0.1,
         smoothing=0.1,
-        max_steps=6000,
+        anneal=True,
+        max_steps=20_000,
         max_seconds=885.0,
         checkpoint_every=100,
         keep_checkpoints=10,
@@ -514,6 +541,7 @@ class RunState:
     position: int = 0  # updates of the current epoch already made
     tokens_seen: int = 0  # target tokens, all processes
     seconds: float = 0.0  # training time over all sessions, validation excluded
+    last_step: int = 0  # where an annealed rate reaches 0, once planned (plan_last_step)
     history: list = field(default_factory=list)  # per step: loss, nll, lr, tokens
     validation: list = field(default_factory=list)  # per evaluation: step, seconds, figures
 
@@ -527,6 +555,9 @@ class RunState:
         d_model, decay = config.model.d_model, config.weight_decay
         make = make_capturable_optimizer if cuda_graphs else make_optimizer
         optimizer, scheduler = make(model, d_model, config.lr_factor, config.warmup_steps, decay)
+        if config.anneal and not cuda_graphs:  # a DeviceSchedule anneals by itself
+            ramped = AnnealedRate(d_model, config.lr_factor, config.warmup_steps)
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, ramped)
         scaler = torch.amp.GradScaler(torch.device(device).type, enabled=amp == torch.float16)
         return cls(model, optimizer, scheduler, scaler)
 
@@ -546,6 +577,54 @@ class RunSetup:
     world: int = 1
     log: typing.Callable = print
     cuda_graphs: bool = False  # steps replayed as CUDA graphs (the CUDA graphs page)
+    hardware: str = ""  # the machine, as hardware_description names it, and the precision
+
+
+class AnnealedRate:
+    """anneal=True: the rate of update k + 1 (a LambdaLR's k, as in make_optimizer) by
+    annealed_rate; LambdaLR saves this object's fields, last_step among them."""
+
+    def __init__(self, d_model, factor, warmup, last_step=0):
+        self.d_model, self.factor, self.warmup, self.last_step = d_model, factor, warmup, last_step
+
+    def __call__(self, k):
+        return annealed_rate(k + 1, self.d_model, self.factor, self.warmup, self.last_step)
+
+
+def annealed_rate(step, model_size, factor, warmup, last_step):
+    """Eq. (3)'s rate at `step`, times 1 until warm-up ends and then a line falling to 0 at
+    last_step (0: not planned yet, the factor stays 1)."""
+    ramp = 1.0
+    if last_step:
+        ramp = min(1.0, max(0.0, (last_step - step) / max(last_step - warmup, 1)))
+    return rate(step, model_size, factor, warmup) * ramp
+
+
+def plan_last_step(state, setup):
+    """anneal=True, at the first log at or past the end of warm-up and again on resume: fix
+    the step where the rate reaches 0, max_steps, or with max_seconds the last checkpoint
+    that the pace so far puts within the budget (rank 0's clock decides for all processes)."""
+    config, last = setup.config, setup.config.max_steps
+    if config.max_seconds:
+        fits = int(state.step * config.max_seconds / max(state.seconds, 1e-9))
+        last = min(last, max(state.step, fits - fits % config.checkpoint_every))
+        if setup.world > 1:
+            last_tensor = torch.tensor(last, device=setup.device)
+            torch.distributed.broadcast(last_tensor, src=0)
+            last = int(last_tensor.item())
+    set_last_step(state, last)
+    setup.log(f"the rate falls to 0 at step {last}")
+
+
+def set_last_step(state, last_step):
+    """Tell the run's schedule, whichever kind it is, where its rate reaches 0; the rate of
+    the next update follows at once."""
+    state.last_step, schedule = last_step, state.scheduler
+    if not isinstance(schedule, torch.optim.lr_scheduler.LambdaLR):
+        return schedule.plan(last_step)
+    schedule.lr_lambdas[0].last_step = last_step
+    for group, base in zip(schedule.optimizer.param_groups, schedule.base_lrs):
+        group["lr"] = base * schedule.lr_lambdas[0](schedule.last_epoch)
 
 
 def epoch_updates(corpus, config, epoch, world=1):
@@ -672,7 +751,8 @@ def save_progress(state, setup):
         for name in ("optimizer", "scheduler", "scaler"):
             resumable[name] = getattr(state, name).state_dict()
         save_checkpoint(out / "checkpoint.pt", {**weights, **resumable, "rng": rng})
-        metrics = {"config": config.identity(), "history": state.history}
+        metrics = {"config": config.identity(), "hardware": setup.hardware}
+        metrics |= {"seconds": round(state.seconds, 1), "history": state.history}
         write_json(out / "metrics.json", {**metrics, "validation": state.validation})
     if setup.world > 1:
         torch.distributed.barrier()
@@ -688,6 +768,8 @@ def resume_or_start(setup, payload):
                 getattr(state, name).load_state_dict(payload[name])
         for name in ("step", "epoch", "position", "tokens_seen", "seconds", "history"):
             setattr(state, name, payload[name])
+        if setup.config.anneal and state.step >= setup.config.warmup_steps:
+            plan_last_step(state, setup)  # again: max_steps or max_seconds may have changed
         state.validation = payload["validations"]
         restore_rng_state(payload["rng"], setup.rank, setup.world, setup.device)
         if setup.rank == 0:
@@ -765,7 +847,8 @@ def epoch_rows(updates, rank, device):
 
 
 def train_epoch(state, setup, model, bar, multiple_of=1, runner=None):
-    """The rest of the current epoch, or up to the run's end: max_steps, or max_seconds.
+    """The rest of the current epoch, or up to the run's end: max_steps, the step that
+    plan_last_step fixed, or max_seconds.
     `model` is state.model, wrapped in DistributedDataParallel under several processes and
     compiled when asked; runner: a GraphedTrainStep that makes the updates instead of
     train_step_amp (one process). Returns whether the run has ended."""
@@ -782,15 +865,19 @@ def train_epoch(state, setup, model, bar, multiple_of=1, runner=None):
             share = ntokens / setup.world
             losses = train_step_amp(model, batch, *optimizers, config.smoothing, share, setup.amp)
         else:  # the rate in the optimizer is a device tensor: the host computes its own copy
-            lr = rate(state.step + 1, config.model.d_model, config.lr_factor, config.warmup_steps)
+            args = config.model.d_model, config.lr_factor, config.warmup_steps, state.last_step
+            lr = annealed_rate(state.step + 1, *args)
             losses = runner(*bucketed_ids(setup.corpus, group[0], rows=rows[cut]), ntokens)
         pending.append((losses, lr, ntokens))
         state.step, state.position = state.step + 1, state.position + 1
         state.tokens_seen += ntokens
         bar.update()
-        done = state.step == config.max_steps
+        done = state.step == (state.last_step or config.max_steps)
         if done or any(state.step % n == 0 for n in every):
             state.seconds += time.perf_counter() - started
+            if config.anneal and not state.last_step and state.step >= config.warmup_steps:
+                plan_last_step(state, setup)
+                bar.total = state.last_step
             done = done or out_of_time(state, setup)
             record_validate_save(state, setup, pending, done)
             bar.set_postfix(loss=f"{state.history[-1]['loss']:.3f}")
@@ -859,17 +946,17 @@ def train(
             val = val_corpus, val_pairs[: config.bleu_sentences]
         corpus = corpus_on(corpus, device)
         where = out, tokenizer, corpus, val, device, amp, rank, world, log
-        setup = RunSetup(config, *where, cuda_graphs)
+        machine = f"{world} x " * (world > 1) + hardware_description(device)
+        setup = RunSetup(config, *where, cuda_graphs, f"{machine}, {PRECISIONS[amp]}")
         state = resume_or_start(setup, payload)  # before any capture: graphs keep addresses
         step_parts = state.model, state.optimizer, state.scheduler, config.smoothing, amp
         runner = GraphedTrainStep(*step_parts) if cuda_graphs else None
         model = DistributedModel(state.model) if world > 1 else state.model
         if compile:  # True: PyTorch's default compiler; a string names another backend
             model = torch.compile(model, **({} if compile is True else {"backend": compile}))
-        bar = tqdm(
-            total=config.max_steps, initial=state.step, unit="step", disable=not progress or rank
-        )
-        ended = state.step >= config.max_steps
+        last = state.last_step or config.max_steps
+        bar = tqdm(total=last, initial=state.step, unit="step", disable=not progress or rank)
+        ended = state.step >= last
         while not ended:
             ended = train_epoch(state, setup, model, bar, 8 if compile else 1, runner)
         bar.close()

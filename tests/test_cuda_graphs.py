@@ -136,7 +136,7 @@ def test_the_device_learning_rate_is_eq_3():
         if update in (1, 2, 3, 1000, 3999, 4000, 4001, 12000):
             assert schedule.lr.item() == pytest.approx(rate(update, 512, 1.0, 4000), rel=1e-6)
         schedule.step()
-    assert schedule.state_dict() == {"steps": 12000}
+    assert schedule.state_dict() == {"steps": 12000, "last_step": 0}
     # the optimizer reads it: Adam's first update moves each weight by the rate (g / |g|)
     layer = torch.nn.Linear(3, 3, bias=False)
     optimizer, schedule = make_capturable_optimizer(layer, 64, 2.0, 10)

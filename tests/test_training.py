@@ -256,6 +256,120 @@ def test_out_of_time_asks_at_checkpoints_whether_the_next_one_would_pass_the_bud
         torch.distributed.destroy_process_group()
 
 
+# ---- an annealed rate, for a budget that more steps must not overfit -------------------
+
+
+def test_the_annealed_rate_is_eq_3_until_warmup_ends_then_falls_on_a_line_to_zero():
+    d_model, factor, warmup, last = 256, 0.33, 400, 2400
+    for step in (1, 100, 399, 400):  # warm-up: Eq. (3) itself, planned or not
+        assert eng.annealed_rate(step, d_model, factor, warmup, last) == at.rate(
+            step, d_model, factor, warmup
+        )
+    # by hand: halfway from 400 to 2400, Eq. (3)'s 1400^-0.5 branch times one half
+    halfway = factor * d_model**-0.5 * 1400**-0.5 * 0.5
+    assert eng.annealed_rate(1400, d_model, factor, warmup, last) == pytest.approx(halfway)
+    assert eng.annealed_rate(last, d_model, factor, warmup, last) == 0.0
+    assert eng.annealed_rate(last + 50, d_model, factor, warmup, last) == 0.0
+    assert eng.annealed_rate(1400, d_model, factor, warmup, 0) == at.rate(
+        1400, d_model, factor, warmup
+    )
+
+
+def test_the_plain_and_the_device_schedule_anneal_alike_once_planned():
+    config = dataclasses.replace(TINY, anneal=True, warmup_steps=10, max_steps=40)
+    plain, graphed = (eng.RunState.new(config, 50, cuda_graphs=graphs) for graphs in (False, True))
+    assert isinstance(plain.scheduler.lr_lambdas[0], eng.AnnealedRate)
+    d_model, factor = config.model.d_model, config.lr_factor
+    for done in range(40):  # `done` updates made: both hold the rate of update done + 1
+        if done == 12:
+            eng.set_last_step(plain, 40)
+            eng.set_last_step(graphed, 40)
+        planned = 40 if done >= 12 else 0
+        expected = at.rate(done + 1, d_model, factor, 10) * (
+            min(1.0, (40 - done - 1) / 30) if planned else 1.0
+        )
+        assert plain.optimizer.param_groups[0]["lr"] == pytest.approx(expected, rel=1e-6)
+        assert graphed.scheduler.lr.item() == pytest.approx(expected, rel=1e-5)
+        plain.optimizer.step()
+        plain.scheduler.step()
+        graphed.scheduler.step()
+    assert graphed.scheduler.state_dict() == {"steps": 40, "last_step": 40}
+
+
+def test_the_plan_ends_at_the_last_checkpoint_that_the_warmup_pace_fits(tmp_path):
+    from types import SimpleNamespace
+
+    def plan(seconds, max_seconds, max_steps=20_000, world=1):
+        config = dataclasses.replace(
+            TINY, anneal=True, warmup_steps=400, checkpoint_every=100, max_steps=max_steps
+        )
+        config = dataclasses.replace(config, max_seconds=max_seconds)
+        state = eng.RunState.new(config, 50)
+        state.step, state.seconds = 400, seconds
+        setup = SimpleNamespace(config=config, world=world, device="cpu", log=quiet)
+        eng.plan_last_step(state, setup)
+        assert state.scheduler.lr_lambdas[0].last_step == state.last_step
+        return state.last_step
+
+    assert plan(60.0, 885.0) == 5900  # 400 steps a minute: 5900 fit in 885 s
+    assert plan(61.0, 885.0) == 5800  # 5803 fit: the checkpoint before
+    assert plan(60.0, 1770.0) == 11800  # twice the budget, twice the steps
+    assert plan(30.0, 885.0) == 11800  # or a machine twice as fast
+    assert plan(10.0, 885.0) == 20_000  # at most max_steps
+    assert plan(60.0, 0.0, max_steps=3000) == 3000  # no budget: max_steps
+    assert plan(600.0, 500.0) == 400  # the budget is spent: the run ends now
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:  # several processes: rank 0's plan travels to all (here a group of one)
+        assert plan(60.0, 885.0, world=2) == 5900
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_an_annealed_budget_ends_at_its_plan_with_the_rate_at_zero(tmp_path, monkeypatch):
+    clock = [0.0]  # a step takes one second, as in the budget test above
+    monkeypatch.setattr(eng.time, "perf_counter", lambda: clock[0])
+    step = eng.train_step_amp
+
+    def one_second_step(*args, **kwargs):
+        clock[0] += 1.0
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(eng, "train_step_amp", one_second_step)
+    config = dataclasses.replace(TINY, anneal=True, warmup_steps=10, checkpoint_every=3)
+    config = dataclasses.replace(config, max_steps=100, max_seconds=31.0)
+    _, _, history = eng.train(config, toy_pairs(), tmp_path / "a", log=quiet)
+    # planned at step 10 (the first log after warm-up): 10 s for 10 steps, 31 fit, and
+    # the checkpoint before is step 30
+    d_model = config.model.d_model
+    assert len(history) == 30 and history[-1]["lr"] == 0.0
+    assert history[9]["lr"] == pytest.approx(at.rate(10, d_model, config.lr_factor, 10))
+    expected = at.rate(20, d_model, config.lr_factor, 10) * (30 - 20) / (30 - 10)
+    assert history[19]["lr"] == pytest.approx(expected)
+
+
+def test_an_annealed_run_stopped_and_resumed_equals_one_that_never_stopped(tmp_path, monkeypatch):
+    config = dataclasses.replace(TINY, anneal=True, warmup_steps=4, max_steps=12, log_every=2)
+    pairs = toy_pairs()
+    straight, _, history = eng.train(config, pairs, tmp_path / "a", log=quiet)
+    step, calls = eng.train_step_amp, [0]
+
+    def stop_after_seven(*args, **kwargs):  # the machine goes away during update 8
+        calls[0] += 1
+        if calls[0] == 8:
+            raise KeyboardInterrupt
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(eng, "train_step_amp", stop_after_seven)
+    with pytest.raises(KeyboardInterrupt):
+        eng.train(config, pairs, tmp_path / "b", log=quiet)
+    monkeypatch.setattr(eng, "train_step_amp", step)
+    assert torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)["step"] == 6
+    resumed, _, resumed_history = eng.train(config, pairs, tmp_path / "b", resume=True, log=quiet)
+    assert all(torch.equal(a, b) for a, b in zip(parameters(straight), parameters(resumed)))
+    assert history == resumed_history and history[-1]["lr"] == 0.0
+
+
 @pytest.mark.parametrize("profile", sorted(eng.PROFILES))
 def test_every_profile_takes_two_steps_and_its_peak_learning_rate_is_moderate(profile, tmp_path):
     # the GPU-sized profiles too (base runs here only like this): two steps on toy data, a
