@@ -53,7 +53,7 @@ from annotated_transformer import (
     translate,
     validation_loss,
 )
-from cuda_graphs import GraphedTrainStep, bucketed_ids, make_capturable_optimizer
+from cuda_graphs import GraphedTrainStep, bucketed_batch, bucketed_ids, make_capturable_optimizer
 from fast_decoding import fast_decode_batch
 
 
@@ -413,7 +413,7 @@ class RunConfig(TrainConfig):
 
     Attributes:
         anneal: after warm-up, Eq. (3)'s rate times a ramp from 1 down to 0 at the run's
-            last step (max_steps, or with max_seconds the step its warm-up pace plans)
+            last step (max_steps, or with max_seconds the step its pace so far plans)
         max_seconds: a time budget (0: none): the run ends at the last checkpoint that its
             pace so far puts within this many seconds of training
         checkpoint_every: save a checkpoint every this many steps
@@ -577,6 +577,7 @@ class RunSetup:
     world: int = 1
     log: typing.Callable = print
     cuda_graphs: bool = False  # steps replayed as CUDA graphs (the CUDA graphs page)
+    buckets: bool = False  # batches cut to bucketed shapes (the CUDA graphs page) on a GPU
     hardware: str = ""  # the machine, as hardware_description names it, and the precision
 
 
@@ -600,10 +601,18 @@ def annealed_rate(step, model_size, factor, warmup, last_step):
     return rate(step, model_size, factor, warmup) * ramp
 
 
+def time_to_plan(state, config):
+    """anneal=True: plan at the first log at or past the end of warm-up and, with a time
+    budget, again at every checkpoint, so that a run whose pace changes still ends at 0."""
+    if not config.anneal or state.step < config.warmup_steps:
+        return False
+    return not state.last_step or config.max_seconds and state.step % config.checkpoint_every == 0
+
+
 def plan_last_step(state, setup):
-    """anneal=True, at the first log at or past the end of warm-up and again on resume: fix
-    the step where the rate reaches 0, max_steps, or with max_seconds the last checkpoint
-    that the pace so far puts within the budget (rank 0's clock decides for all processes)."""
+    """Fix the step where an annealed rate reaches 0: max_steps, or with max_seconds the last
+    checkpoint that the mean pace so far puts within the budget (rank 0's clock decides for
+    all processes)."""
     config, last = setup.config, setup.config.max_steps
     if config.max_seconds:
         fits = int(state.step * config.max_seconds / max(state.seconds, 1e-9))
@@ -612,8 +621,9 @@ def plan_last_step(state, setup):
             last_tensor = torch.tensor(last, device=setup.device)
             torch.distributed.broadcast(last_tensor, src=0)
             last = int(last_tensor.item())
+    if last != state.last_step:
+        setup.log(f"step {state.step}: the rate will reach 0 at step {last}")
     set_last_step(state, last)
-    setup.log(f"the rate falls to 0 at step {last}")
 
 
 def set_last_step(state, last_step):
@@ -859,7 +869,10 @@ def train_epoch(state, setup, model, bar, multiple_of=1, runner=None):
     for group, cut in zip(updates, cuts):
         ntokens = sum(setup.corpus.target_tokens(indices) for indices in group)  # host lengths
         if runner is None:
-            batch = cut_batch(setup.corpus, group[setup.rank], multiple_of, rows[cut])
+            if setup.buckets:  # few shapes: cuDNN's attention and compile plan each once
+                batch = bucketed_batch(setup.corpus, group[setup.rank], rows=rows[cut])
+            else:
+                batch = cut_batch(setup.corpus, group[setup.rank], multiple_of, rows[cut])
             lr = state.optimizer.param_groups[0]["lr"]
             optimizers = state.optimizer, state.scheduler, state.scaler
             share = ntokens / setup.world
@@ -875,10 +888,10 @@ def train_epoch(state, setup, model, bar, multiple_of=1, runner=None):
         done = state.step == (state.last_step or config.max_steps)
         if done or any(state.step % n == 0 for n in every):
             state.seconds += time.perf_counter() - started
-            if config.anneal and not state.last_step and state.step >= config.warmup_steps:
+            if time_to_plan(state, config):
                 plan_last_step(state, setup)
                 bar.total = state.last_step
-            done = done or out_of_time(state, setup)
+            done = state.step >= (state.last_step or config.max_steps) or out_of_time(state, setup)
             record_validate_save(state, setup, pending, done)
             bar.set_postfix(loss=f"{state.history[-1]['loss']:.3f}")
             started = time.perf_counter()  # validation and saving are not training time
@@ -919,6 +932,7 @@ def train(
     amp=None,
     compile=False,
     cuda_graphs=False,
+    buckets=None,
 ):
     """§5: train on (source, target) sentence pairs into out_dir; returns (model,
     tokenizer, history). With val_pairs, validates every config.eval_every steps. amp is
@@ -926,7 +940,8 @@ def train(
     torchrun, each process trains on its share of every update (DistributedDataParallel)
     and only rank 0 writes files and logs. compile: True, or the name of a torch.compile
     backend; cuda_graphs: replay each step as a CUDA graph (one process; on a CPU the same
-    step runs eagerly)."""
+    step runs eagerly); buckets: cut every batch to the bucketed shapes of that page (None:
+    on a GPU, where each new shape costs cuDNN's attention a plan and compile a graph)."""
     check_device(device)
     measure = amp == "fastest" and torch.device(device).type == "cpu"
     amp = None if measure else autocast_dtype(amp, device)
@@ -947,7 +962,8 @@ def train(
         corpus = corpus_on(corpus, device)
         where = out, tokenizer, corpus, val, device, amp, rank, world, log
         machine = f"{world} x " * (world > 1) + hardware_description(device)
-        setup = RunSetup(config, *where, cuda_graphs, f"{machine}, {PRECISIONS[amp]}")
+        buckets = torch.device(device).type == "cuda" if buckets is None else buckets
+        setup = RunSetup(config, *where, cuda_graphs, buckets, f"{machine}, {PRECISIONS[amp]}")
         state = resume_or_start(setup, payload)  # before any capture: graphs keep addresses
         step_parts = state.model, state.optimizer, state.scheduler, config.smoothing, amp
         runner = GraphedTrainStep(*step_parts) if cuda_graphs else None
