@@ -62,9 +62,9 @@ def bucketed_ids(corpus, indices, buckets=BUCKETS, rows=None):
     return sides
 
 
-def bucketed_batch(corpus, indices, buckets=BUCKETS):
+def bucketed_batch(corpus, indices, buckets=BUCKETS, rows=None):
     """CUDA graphs: the Batch of bucketed_ids; its ntokens counts the real target tokens."""
-    src, tgt = bucketed_ids(corpus, indices, buckets)
+    src, tgt = bucketed_ids(corpus, indices, buckets, rows)
     return Batch.from_tensors(src, tgt, corpus.target_tokens(indices), corpus.pad_id)
 
 

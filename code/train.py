@@ -2,7 +2,7 @@
 
     python code/train.py --profile quick --out runs/quick          # 2 CPU cores, a few minutes
     python code/train.py --out runs/multi30k       # the book's translator (profile multi30k)
-    python code/train.py --profile base --out runs/base --device cuda --amp auto
+    python code/train.py --out runs/multi30k --device cuda   # one GPU: CUDA graphs, TF32
     python code/train.py --profile quick --out runs/quick --max-steps 600 --resume
     torchrun --nproc-per-node 8 code/train.py --profile base --out runs/base   # 8 GPUs
 
@@ -39,8 +39,10 @@ def parse_args(argv=None):
         choices=sorted(eng.PROFILES),
         default="multi30k",
         help="multi30k (default): the recipe chosen on validation data (hours on a CPU, "
-        "minutes on a GPU); quick: a small model the chapters train live on a CPU; base: the "
-        "paper's base model fitted to Multi30k, for a GPU; tiny: a toy for tests",
+        "a minute on a GPU); fast: a translator in fifteen minutes of training on two CPU "
+        "cores (a time budget, the rate annealed to its end); quick: a small model the "
+        "chapters train live on a CPU; base: the paper's base model fitted to Multi30k, for a "
+        "GPU; tiny: a toy for tests",
     )
     parser.add_argument("--out", type=cli.given_path, required=True, help="the run's folder")
     parser.add_argument(
@@ -56,15 +58,25 @@ def parse_args(argv=None):
         default=None,
         help="mixed precision: auto = bf16 on GPUs of compute capability 8.0 and up, fp16 with "
         "a gradient scaler on older GPUs, float32 on a CPU; fastest = auto on a GPU, and on a "
-        "CPU whichever of float32 and bf16 trains faster, timed at the start; off = float32 "
-        "(default: fastest for the fast profile, off for the others)",
+        "CPU with native bf16 whichever of float32 and bf16 trains faster (default: off on a "
+        "GPU, where float32 with TF32 products was the fastest measured; fastest for the fast "
+        "profile on a CPU, off for the others)",
     )
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument(
         "--cuda-graphs",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="replay each step as a CUDA graph, one per batch shape (one GPU, float32 or bf16; "
-        "on a CPU the same step runs eagerly)",
+        "on a CPU the same step runs eagerly; default: on for one GPU without --compile, off "
+        "otherwise)",
+    )
+    parser.add_argument(
+        "--buckets",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="cut every batch to a few bucketed shapes (default: on a GPU, where each new shape "
+        "costs cuDNN's attention a plan and --compile a graph)",
     )
     parser.add_argument(
         "--no-validation", action="store_true", help="skip validation during training"
@@ -74,9 +86,18 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def amp_from_args(args):
-    """--amp as given, else the profile's default: the fast profile races the clock."""
-    return args.amp or ("fastest" if args.profile == "fast" else "off")
+def run_options(args, device, world):
+    """(amp, cuda_graphs): the flags as given, else the fastest path measured for these
+    recipes. On a GPU: float32 (TF32 products where the GPU has them), every step replayed
+    as a CUDA graph when one process trains uncompiled (graphs cannot hold float16's
+    scaler). On a CPU: the fast profile races the clock (fastest), the others run float32."""
+    on_gpu = torch.device(device).type == "cuda"
+    amp = args.amp or ("fastest" if args.profile == "fast" and not on_gpu else "off")
+    graphs = args.cuda_graphs
+    if graphs is None:
+        half = eng.autocast_dtype(amp, device) == torch.float16
+        graphs = on_gpu and world == 1 and not args.compile and not half
+    return amp, graphs
 
 
 def config_from_args(args):
@@ -105,13 +126,15 @@ def main(argv=None):
     device = start_distributed(args.device)
     rank, world = eng.distributed_rank_and_size()
     # only rank 0 writes the log; tqdm.write puts a message above the progress bar
+    amp, graphs = run_options(args, device, world)
     with cli.log_to(args.out / "train.log" if rank == 0 else None, echo=tqdm.write) as log:
         if rank == 0:
             log(
                 f"training {args.profile} on {len(pairs)} pairs, {world} "
                 f"process{'es' * (world != 1)} of "
                 f"{config.max_tokens // world} tokens a side (global batch {config.max_tokens}), "
-                f"device {device}, amp {amp_from_args(args)}, compile {args.compile}: {config}"
+                f"device {device}, amp {amp}, compile {args.compile}, CUDA graphs {graphs}: "
+                f"{config}"
             )
         try:
             eng.train(
@@ -123,9 +146,10 @@ def main(argv=None):
                 resume=args.resume,
                 log=log,
                 progress=True,
-                amp=amp_from_args(args),
+                amp=amp,
                 compile=args.compile,
-                cuda_graphs=args.cuda_graphs,
+                cuda_graphs=graphs,
+                buckets=args.buckets,
             )
         finally:
             if world > 1:

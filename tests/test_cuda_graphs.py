@@ -5,11 +5,13 @@ replay need a GPU: the last test runs only where there is one."""
 
 import contextlib
 import copy
+import dataclasses
 
 import pytest
 import torch
 from host_work import host_work
 
+import annotated_transformer as at
 import engineering_runs as eng
 from annotated_transformer import (
     BOS_ID,
@@ -23,9 +25,11 @@ from annotated_transformer import (
     make_optimizer,
     rate,
     subsequent_mask,
+    train_bpe,
     train_step,
 )
 from cuda_graphs import (
+    BUCKETS,
     GraphedTrainStep,
     bucket,
     bucketed_batch,
@@ -33,6 +37,7 @@ from cuda_graphs import (
     capturable_step,
     make_capturable_optimizer,
 )
+from toy import TINY, quiet, toy_pairs
 
 VOCAB = 20
 
@@ -210,3 +215,47 @@ def test_graphs_replay_the_steps_train_step_makes():
     torch.cuda.synchronize()
     for a, b in zip(graphed.parameters(), plain.parameters()):
         assert (a - b).abs().max().item() < 1e-4
+
+
+def shapes_of_an_epoch(tmp_path, monkeypatch, buckets, compile=False):
+    """The (source, target) batch shapes that train's eager step meets over the first epoch
+    of a toy run whose sentences have many lengths."""
+    seen, step = [], eng.train_step_amp
+
+    def recording_step(model, batch, *args, **kwargs):
+        seen.append((tuple(batch.src.shape), tuple(batch.tgt_in.shape)))
+        return step(model, batch, *args, **kwargs)
+
+    monkeypatch.setattr(eng, "train_step_amp", recording_step)
+    pairs = toy_pairs(200, seed=1)
+    epoch = len(
+        eng.epoch_updates(at.EncodedCorpus.from_pairs(pairs, train_bpe(pairs, 200)), TINY, 0)
+    )
+    config = dataclasses.replace(TINY, max_steps=epoch, checkpoint_every=epoch)
+    eng.train(
+        config,
+        pairs,
+        tmp_path / f"run{buckets}{compile}",
+        log=quiet,
+        buckets=buckets,
+        compile=compile,
+    )
+    return seen
+
+
+def test_bucketed_runs_meet_only_bucketed_shapes(tmp_path, monkeypatch):
+    plain = set(shapes_of_an_epoch(tmp_path, monkeypatch, buckets=False))
+    bucketed = set(shapes_of_an_epoch(tmp_path, monkeypatch, buckets=True))
+    sizes = {n for shapes in bucketed for shape in shapes for n in shape}
+    assert sizes <= set(BUCKETS)  # rows, source and target lengths: all buckets
+    assert not {n for shapes in plain for shape in shapes for n in shape} <= set(BUCKETS)
+    assert len(bucketed) < len(plain)
+
+
+def test_a_compiled_bucketed_run_compiles_at_most_once_per_shape(tmp_path, monkeypatch):
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    seen = shapes_of_an_epoch(tmp_path, monkeypatch, buckets=True, compile="eager")
+    compiled = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert 0 < compiled <= len(set(seen))
+    torch._dynamo.reset()

@@ -233,3 +233,26 @@ def test_one_tokenizer_per_vocabulary_size_is_learned_once(tmp_path, monkeypatch
     again = cli.tokenizers(toy_pairs(), tmp_path)(40)
     assert again.get_vocab() == first.get_vocab() and learned == [40, 50]
     assert cli.tokenizers(toy_pairs())(40).get_vocab() == first.get_vocab()  # in memory only
+
+
+@pytest.mark.parametrize("capability", [(7, 0), (7, 5), (8, 0), (9, 0)])  # V100 T4 A100 H100
+def test_on_any_gpu_the_default_is_float32_with_cuda_graphs_for_one_process(
+    capability, monkeypatch, tmp_path
+):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+
+    def options(*flags, world=1, device="cuda", profile="multi30k"):
+        args = train.parse_args(["--out", str(tmp_path), "--profile", profile, *flags])
+        return train.run_options(args, device, world)
+
+    assert options() == ("off", True)
+    assert options(profile="fast") == ("off", True)  # a GPU does not race the CPU's clock
+    assert options(world=2) == ("off", False)  # graphs hold one process's step
+    assert options("--compile") == ("off", False)
+    assert options("--no-cuda-graphs") == ("off", False)
+    # auto: bf16 from compute capability 8.0, which graphs hold; fp16 below, which they cannot
+    assert options("--amp", "auto") == ("auto", capability >= (8, 0))
+    assert options("--amp", "bf16", "--cuda-graphs") == ("bf16", True)
+    # on a CPU: eager, the fast profile racing the clock, the others in float32
+    assert options(device="cpu") == ("off", False)
+    assert options(device="cpu", profile="fast") == ("fastest", False)
