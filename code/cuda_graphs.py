@@ -80,7 +80,8 @@ class DeviceSchedule:
     set it. `steps` counts the updates made; `lr` is the tensor the optimizer reads, holding
     the rate of the next update (as make_optimizer's LambdaLR keeps it). step() advances
     both on the device; state_dict() reads the count back, for checkpoints. plan(last_step)
-    anneals the rate as annealed_rate does (the engineering page), in a captured step too."""
+    cools the rate down over the last `share` of the run as annealed_rate does (the
+    engineering page), in a captured step too."""
 
     def __init__(self, optimizer, d_model, factor=1.0, warmup=4000):
         self.lr = optimizer.param_groups[0]["lr"]
@@ -88,14 +89,14 @@ class DeviceSchedule:
             raise ValueError("every parameter group must read the same learning-rate tensor")
         self.steps = torch.zeros((), dtype=torch.float32, device=self.lr.device)
         self.last_step = torch.zeros((), dtype=torch.float32, device=self.lr.device)
-        self.d_model, self.factor, self.warmup = d_model, factor, warmup
+        self.d_model, self.factor, self.warmup, self.share = d_model, factor, warmup, 1.0
         self.step(advance=False)
 
     def step(self, advance=True):
         if advance:
             self.steps += 1
         step, last = self.steps + 1, self.last_step
-        ramp = ((last - step) / (last - self.warmup).clamp(min=1)).clamp(0, 1)
+        ramp = ((last - step) / (self.share * (last - self.warmup)).clamp(min=1)).clamp(0, 1)
         ramp = torch.where(last > 0, ramp, 1.0)  # 0: not planned, Eq. (3) alone
         self.lr.copy_(device_rate(step, self.d_model, self.factor, self.warmup) * ramp)
 

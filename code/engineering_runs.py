@@ -412,8 +412,9 @@ class RunConfig(TrainConfig):
     must match.
 
     Attributes:
-        anneal: after warm-up, Eq. (3)'s rate times a ramp from 1 down to 0 at the run's
-            last step (max_steps, or with max_seconds the step its pace so far plans)
+        anneal: the share of the steps after warm-up (0 to 1; 0: none) over which Eq. (3)'s
+            rate is cooled down on a line to 0 at the run's last step (max_steps, or with
+            max_seconds the step its pace so far plans)
         max_seconds: a time budget (0: none): the run ends at the last checkpoint that its
             pace so far puts within this many seconds of training
         checkpoint_every: save a checkpoint every this many steps
@@ -423,7 +424,7 @@ class RunConfig(TrainConfig):
         log_every: read the loss from the device and log it every this many steps
     """
 
-    anneal: bool = False
+    anneal: float = 0.0
     max_seconds: float = 0.0
     checkpoint_every: int = 500
     keep_checkpoints: int = 5
@@ -432,11 +433,14 @@ class RunConfig(TrainConfig):
     log_every: int = 10
 
     def rules(self):
+        def number(v):
+            return isinstance(v, int | float) and not isinstance(v, bool)
+
         def seconds(v):
-            return isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < math.inf
+            return number(v) and 0 <= v < math.inf
 
         return super().rules() | {
-            "anneal": ("True or False", lambda v: type(v) is bool),
+            "anneal": ("a number in [0, 1]", lambda v: number(v) and 0 <= v <= 1),
             "max_seconds": ("a finite number >= 0", seconds),
         }
 
@@ -471,8 +475,8 @@ PROFILES = {
     # fifteen minutes on two CPU cores: multi30k's recipe with one layer less and half the
     # batch (the reference attention is faster on a CPU for sentences this short). As many
     # steps as fit in 885 s of training (a margin under 900 s for the pace to vary), the
-    # rate annealed to zero at the last of them, and §5.4's dropout: a faster machine makes
-    # more steps, and more steps make a better model, not an overfitted one
+    # rate cooled down to zero over the last fifth of them, and §5.4's dropout: a faster
+    # machine makes more steps, and more steps make a better model, not an overfitted one
     "fast": RunConfig(
         model=replace(SMALL, N=2, h=8, d_ff=512, share_embeddings=True, fused=False),
         vocab_size=5000,
@@ -481,7 +485,7 @@ PROFILES = {
         lr_factor=0.33,
         weight_decay=0.1,
         smoothing=0.1,
-        anneal=True,
+        anneal=0.2,
         max_steps=20_000,
         max_seconds=885.0,
         checkpoint_every=100,
@@ -555,8 +559,10 @@ class RunState:
         d_model, decay = config.model.d_model, config.weight_decay
         make = make_capturable_optimizer if cuda_graphs else make_optimizer
         optimizer, scheduler = make(model, d_model, config.lr_factor, config.warmup_steps, decay)
-        if config.anneal and not cuda_graphs:  # a DeviceSchedule anneals by itself
-            ramped = AnnealedRate(d_model, config.lr_factor, config.warmup_steps)
+        if config.anneal and cuda_graphs:  # a DeviceSchedule anneals by itself
+            scheduler.share = config.anneal
+        elif config.anneal:
+            ramped = AnnealedRate(d_model, config.lr_factor, config.warmup_steps, config.anneal)
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, ramped)
         scaler = torch.amp.GradScaler(torch.device(device).type, enabled=amp == torch.float16)
         return cls(model, optimizer, scheduler, scaler)
@@ -582,27 +588,30 @@ class RunSetup:
 
 
 class AnnealedRate:
-    """anneal=True: the rate of update k + 1 (a LambdaLR's k, as in make_optimizer) by
+    """anneal > 0: the rate of update k + 1 (a LambdaLR's k, as in make_optimizer) by
     annealed_rate; LambdaLR saves this object's fields, last_step among them."""
 
-    def __init__(self, d_model, factor, warmup, last_step=0):
-        self.d_model, self.factor, self.warmup, self.last_step = d_model, factor, warmup, last_step
+    def __init__(self, d_model, factor, warmup, share, last_step=0):
+        self.d_model, self.factor, self.warmup = d_model, factor, warmup
+        self.share, self.last_step = share, last_step
 
     def __call__(self, k):
-        return annealed_rate(k + 1, self.d_model, self.factor, self.warmup, self.last_step)
+        args = self.d_model, self.factor, self.warmup, self.last_step, self.share
+        return annealed_rate(k + 1, *args)
 
 
-def annealed_rate(step, model_size, factor, warmup, last_step):
-    """Eq. (3)'s rate at `step`, times 1 until warm-up ends and then a line falling to 0 at
-    last_step (0: not planned yet, the factor stays 1)."""
+def annealed_rate(step, model_size, factor, warmup, last_step, share=1.0):
+    """Eq. (3)'s rate at `step`, times a cool-down: 1, then over the last `share` of the
+    steps between warm-up and last_step a line falling to 0 at last_step (0: not planned
+    yet, the factor stays 1)."""
     ramp = 1.0
     if last_step:
-        ramp = min(1.0, max(0.0, (last_step - step) / max(last_step - warmup, 1)))
+        ramp = min(1.0, max(0.0, (last_step - step) / max(share * (last_step - warmup), 1)))
     return rate(step, model_size, factor, warmup) * ramp
 
 
 def time_to_plan(state, config):
-    """anneal=True: plan at the first log at or past the end of warm-up and, with a time
+    """anneal > 0: plan at the first log at or past the end of warm-up and, with a time
     budget, again at every checkpoint, so that a run whose pace changes still ends at 0."""
     if not config.anneal or state.step < config.warmup_steps:
         return False
@@ -879,7 +888,7 @@ def train_epoch(state, setup, model, bar, multiple_of=1, runner=None):
             losses = train_step_amp(model, batch, *optimizers, config.smoothing, share, setup.amp)
         else:  # the rate in the optimizer is a device tensor: the host computes its own copy
             args = config.model.d_model, config.lr_factor, config.warmup_steps, state.last_step
-            lr = annealed_rate(state.step + 1, *args)
+            lr = annealed_rate(state.step + 1, *args, config.anneal)
             losses = runner(*bucketed_ids(setup.corpus, group[0], rows=rows[cut]), ntokens)
         pending.append((losses, lr, ntokens))
         state.step, state.position = state.step + 1, state.position + 1

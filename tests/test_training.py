@@ -276,7 +276,7 @@ def test_the_annealed_rate_is_eq_3_until_warmup_ends_then_falls_on_a_line_to_zer
 
 
 def test_the_plain_and_the_device_schedule_anneal_alike_once_planned():
-    config = dataclasses.replace(TINY, anneal=True, warmup_steps=10, max_steps=40)
+    config = dataclasses.replace(TINY, anneal=0.5, warmup_steps=10, max_steps=40)
     plain, graphed = (eng.RunState.new(config, 50, cuda_graphs=graphs) for graphs in (False, True))
     assert isinstance(plain.scheduler.lr_lambdas[0], eng.AnnealedRate)
     d_model, factor = config.model.d_model, config.lr_factor
@@ -286,7 +286,7 @@ def test_the_plain_and_the_device_schedule_anneal_alike_once_planned():
             eng.set_last_step(graphed, 40)
         planned = 40 if done >= 12 else 0
         expected = at.rate(done + 1, d_model, factor, 10) * (
-            min(1.0, (40 - done - 1) / 30) if planned else 1.0
+            min(1.0, (40 - done - 1) / (0.5 * 30)) if planned else 1.0
         )
         assert plain.optimizer.param_groups[0]["lr"] == pytest.approx(expected, rel=1e-6)
         assert graphed.scheduler.lr.item() == pytest.approx(expected, rel=1e-5)
@@ -301,7 +301,7 @@ def test_the_plan_ends_at_the_last_checkpoint_that_the_warmup_pace_fits(tmp_path
 
     def plan(seconds, max_seconds, max_steps=20_000, world=1):
         config = dataclasses.replace(
-            TINY, anneal=True, warmup_steps=400, checkpoint_every=100, max_steps=max_steps
+            TINY, anneal=0.2, warmup_steps=400, checkpoint_every=100, max_steps=max_steps
         )
         config = dataclasses.replace(config, max_seconds=max_seconds)
         state = eng.RunState.new(config, 50)
@@ -336,7 +336,7 @@ def test_an_annealed_budget_ends_at_its_plan_with_the_rate_at_zero(tmp_path, mon
         return step(*args, **kwargs)
 
     monkeypatch.setattr(eng, "train_step_amp", one_second_step)
-    config = dataclasses.replace(TINY, anneal=True, warmup_steps=10, checkpoint_every=3)
+    config = dataclasses.replace(TINY, anneal=1.0, warmup_steps=10, checkpoint_every=3)
     config = dataclasses.replace(config, max_steps=100, max_seconds=31.0)
     _, _, history = eng.train(config, toy_pairs(), tmp_path / "a", log=quiet)
     # planned at step 10 (the first log after warm-up): 10 s for 10 steps, 31 fit, and
@@ -349,7 +349,7 @@ def test_an_annealed_budget_ends_at_its_plan_with_the_rate_at_zero(tmp_path, mon
 
 
 def test_an_annealed_run_stopped_and_resumed_equals_one_that_never_stopped(tmp_path, monkeypatch):
-    config = dataclasses.replace(TINY, anneal=True, warmup_steps=4, max_steps=12, log_every=2)
+    config = dataclasses.replace(TINY, anneal=0.5, warmup_steps=4, max_steps=12, log_every=2)
     pairs = toy_pairs()
     straight, _, history = eng.train(config, pairs, tmp_path / "a", log=quiet)
     step, calls = eng.train_step_amp, [0]
