@@ -989,11 +989,12 @@ def average_checkpoints(paths):
                 f"{path} and {paths[0]} have a different {' and '.join(differ)}: they come "
                 f"from different runs, and only checkpoints of one run can be averaged"
             )
-    weights = {
-        # float64 for the sum, so the mean does not depend on the order of the checkpoints
-        name: torch.stack([p["model"][name].double() for p in payloads]).mean(0).to(tensor.dtype)
-        for name, tensor in payloads[-1]["model"].items()
-    }
+    weights, means = {}, {}  # tied weights (§3.4) are one tensor under several names
+    for name, tensor in payloads[-1]["model"].items():
+        if tensor.data_ptr() not in means:  # float64 sums: the order does not matter
+            stack = torch.stack([p["model"][name].double() for p in payloads])
+            means[tensor.data_ptr()] = stack.mean(0).to(tensor.dtype)
+        weights[name] = means[tensor.data_ptr()]
     steps = [p.get("step") for p in payloads]
     last = {key: payloads[-1][key] for key in ("config", "tokenizer")}
     return last | {"step": steps[-1], "averaged_steps": steps, "model": weights}

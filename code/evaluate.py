@@ -218,10 +218,12 @@ def evaluate(
     run, out = pathlib.Path(run), pathlib.Path(out)
     averaged_path = out / "averaged.pt"
     averaged = at.average_checkpoints(snapshots[-average:])
-    averaged["model"] = {
-        name: tensor.to(getattr(torch, dtype)) if tensor.is_floating_point() else tensor
-        for name, tensor in averaged["model"].items()
-    }
+    stored = {}  # one stored tensor per tensor of the average: tied weights stay tied
+    for name, tensor in averaged["model"].items():
+        if tensor.data_ptr() not in stored:
+            floating = tensor.is_floating_point()
+            stored[tensor.data_ptr()] = tensor.to(getattr(torch, dtype)) if floating else tensor
+        averaged["model"][name] = stored[tensor.data_ptr()]
     eng.save_checkpoint(averaged_path, averaged)
     label = f"average of last {len(averaged['averaged_steps'])}"
     sets = {split: eng.load_multi30k(split)[:limit] for split in ("val", "test2016")}

@@ -16,6 +16,8 @@ import engineering_runs as eng
 import fast_decoding as fd
 from toy import TINY, quiet, toy_pairs
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
 
 def small_model(seed=0, **options):
     torch.manual_seed(seed)
@@ -409,6 +411,26 @@ def test_averaging_two_checkpoints_is_the_mean_of_their_weights(tiny_run, tmp_pa
         model.state_dict()["generator.projection.weight"],
         averaged["model"]["generator.projection.weight"],
     )
+
+
+def test_an_average_stores_a_tied_matrix_once(tiny_run, tmp_path):
+    folder, model, _ = tiny_run  # TINY shares its embeddings and pre-softmax weights (§3.4)
+    tied = ["src_embed.0.embedding.weight", "tgt_embed.0.embedding.weight"]
+    tied.append("generator.projection.weight")
+    averaged = at.average_checkpoints(eng.snapshot_paths(folder))["model"]
+    assert len({averaged[name].data_ptr() for name in tied}) == 1
+    eng.save_checkpoint(tmp_path / "averaged.pt", averaged)
+    stored = torch.load(tmp_path / "averaged.pt", weights_only=True)
+    unique = {tensor.data_ptr(): tensor.numel() for tensor in stored.values()}
+    assert sum(unique.values()) == sum(p.numel() for p in model.parameters())
+
+
+def test_the_shipped_average_holds_each_parameter_once():
+    path = ROOT / "results" / "multi30k" / "averaged.pt"
+    stored = torch.load(path, weights_only=True)["model"]
+    model, _ = at.load_checkpoint(path)
+    unique = {tensor.data_ptr(): tensor.numel() for tensor in stored.values()}
+    assert sum(unique.values()) == sum(p.numel() for p in model.parameters()) == 5_224_448
 
 
 def test_checkpoints_of_different_runs_are_not_averaged(tiny_run, tmp_path):
