@@ -65,7 +65,9 @@ def parse_args(argv=None):
         help="how averaged.pt stores its weights (default: %(default)s)",
     )
     parser.add_argument(
-        "--hardware", help="how to describe the training machine (default: this one)"
+        "--hardware",
+        help="how to describe the training machine (default: what the run recorded, else "
+        "this machine)",
     )
     parser.add_argument(
         "--within-hours",
@@ -182,6 +184,13 @@ def score_table(weights, sets, alpha, device, batch_size):
     return rows, signature, samples
 
 
+def trained_on(run):
+    """The machine and precision the run recorded in its metrics.json (train writes them),
+    or None for a run that recorded none."""
+    metrics = pathlib.Path(run) / "metrics.json"
+    return json.loads(metrics.read_text()).get("hardware") if metrics.exists() else None
+
+
 def run_state(run, until):
     """The run's checkpoint.pt state and its training seconds; with `until` (the validation
     figures of a snapshot), the run as it stood at that snapshot."""
@@ -241,7 +250,7 @@ def evaluate(
         "averaged_steps": averaged["averaged_steps"],
         "train_hours": round(seconds / 3600, 2),
         "train_seconds": round(seconds, 1),
-        "hardware": hardware or eng.hardware_description(device),
+        "hardware": hardware or trained_on(run) or eng.hardware_description(device),
         "signature": signature,
         "sentences": {split: len(pairs) for split, pairs in sets.items()},
         "alpha": alpha,
@@ -251,11 +260,12 @@ def evaluate(
     }
     eng.write_json(out / "evaluation.json", evaluation)
     metrics = {
+        "hardware": evaluation["hardware"],
         "every": 10,
         "history": smoothed_history(state["history"]),
         "validation": state.get("validations", []),
     }
-    (out / "metrics.json").write_text(json.dumps(metrics) + "\n")
+    eng.write_json(out / "metrics.json", metrics)
     print(f"wrote {out / 'evaluation.json'} and {out / 'metrics.json'}")
 
 

@@ -88,6 +88,10 @@ def test_evaluate_takes_its_settings_as_parameters(tiny_run, tmp_path, short_out
     stored = at.read_checkpoint(tmp_path / "averaged.pt")["model"]
     last = at.read_checkpoint(snapshots[-1])["model"]
     assert all(torch.equal(stored[name], last[name]) for name in last)  # float32: unchanged
+    # the training machine, as the run recorded it with its precision, not the scorer's
+    trained_on = json.loads((tiny_run / "metrics.json").read_text())["hardware"]
+    assert evaluation["hardware"] == trained_on and trained_on.endswith(", float32")
+    assert trained_on.startswith(eng.hardware_description())
 
 
 @pytest.mark.parametrize("value", ["", "0.6,", "-1", "0.6,x", "inf", "nan"])
