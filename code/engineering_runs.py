@@ -245,11 +245,11 @@ def cpu_features():
 
 def hardware_description(device="cpu"):
     """One line naming the machine a result came from, as a reader needs it: the GPU and
-    whether float32 products run in TF32 there, or the CPU's model, the instruction sets of
-    cpu_features and the threads used; and torch's version."""
+    whether its float32 products run in TF32 at the moment (tf32_matmuls), or the CPU's
+    model, the instruction sets of cpu_features and the threads used; and torch's version."""
     device = torch.device(device)
     if device.type == "cuda":
-        tf32 = ", TF32 products" * native_bf16(device)  # what tf32_matmuls turns on
+        tf32 = ", TF32 products" * (torch.backends.cuda.matmul.fp32_precision == "tf32")
         return f"{torch.cuda.get_device_name(device)}{tf32}, torch {torch.__version__}"
     threads, features = torch.get_num_threads(), "/".join(cpu_features()) or "no AVX2"
     return (

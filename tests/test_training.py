@@ -963,3 +963,13 @@ def test_train_with_cuda_graphs_runs_its_step_eagerly_on_a_cpu_as_the_plain_loop
     assert [h["step"] for h in history] == list(range(1, 9))
     with pytest.raises(ValueError, match="drop compile"):
         eng.train(config, toy_pairs(), tmp_path / "c", log=quiet, cuda_graphs=True, compile=True)
+
+
+def test_the_machine_description_names_the_instruction_sets_that_decide_cpu_speed():
+    description = eng.hardware_description()
+    threads = torch.get_num_threads()
+    assert f"{threads} thread" in description and torch.__version__ in description
+    # independently of /proc/cpuinfo: torch's own view of the processor
+    assert ("AVX-512 BF16" in description) == torch.cpu._is_avx512_bf16_supported()
+    assert ("AMX" in description) == torch.cpu._is_amx_tile_supported()
+    assert ("AVX2" in description) == (torch.backends.cpu.get_cpu_capability() != "DEFAULT")
