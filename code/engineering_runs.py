@@ -559,10 +559,11 @@ class RunState:
         d_model, decay = config.model.d_model, config.weight_decay
         make = make_capturable_optimizer if cuda_graphs else make_optimizer
         optimizer, scheduler = make(model, d_model, config.lr_factor, config.warmup_steps, decay)
-        if config.anneal and cuda_graphs:  # a DeviceSchedule anneals by itself
-            scheduler.share = config.anneal
-        elif config.anneal:
-            ramped = AnnealedRate(d_model, config.lr_factor, config.warmup_steps, config.anneal)
+        anneal = getattr(config, "anneal", 0)  # chapter 5's TrainConfig does not anneal
+        if anneal and cuda_graphs:  # a DeviceSchedule anneals by itself
+            scheduler.share = anneal
+        elif anneal:
+            ramped = AnnealedRate(d_model, config.lr_factor, config.warmup_steps, anneal)
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, ramped)
         scaler = torch.amp.GradScaler(torch.device(device).type, enabled=amp == torch.float16)
         return cls(model, optimizer, scheduler, scaler)
