@@ -39,6 +39,10 @@ FORBIDDEN = {
 # checked in prose and outputs, not in code a reader types (where `f(s)` is fine)
 FORBIDDEN_IN_PROSE = {
     'a "(s)" plural': re.compile(r"(?<![(\w])[a-z]{3,}\(s\)(?![\w()])"),
+    "talk of the test suite": re.compile(
+        r"(?i)\bthe (?:unit )?tests\b|\btests/|\btest suite\b|\bpytest\b|\btested in\b"
+        r"|\bcontinuous integration\b|\bmaintainers?\b"
+    ),
 }
 # the overview pages of §3, §3.2 and §6 introduce their sections; every other page of §1–§7
 # is a chapter that ends with exercises
@@ -148,6 +152,9 @@ def test_the_slip_patterns_catch_what_they_name():
     for what, text in slips.items():
         assert FORBIDDEN[what].search(text), what
     assert FORBIDDEN_IN_PROSE['a "(s)" plural'].search("translated 1 sentence(s)")
+    for slip in ("are not compared by the tests", "tests/test_decoding.py repeats these checks"):
+        assert FORBIDDEN_IN_PROSE["talk of the test suite"].search(slip), slip
+    assert FORBIDDEN_IN_PROSE["talk of the test suite"].search("| page | tested in |")
     fine = (
         "the target sentence; https://github.com/work/x; the goal of reducing sequential "
         "computation (§2); f(s) and decode(encode(s)) in code; room to spare"
