@@ -897,6 +897,8 @@ def train_epoch(state, setup, model, bar, multiple_of=1, runner=None):
         bar.update()
         done = state.step == (state.last_step or config.max_steps)
         if done or any(state.step % n == 0 for n in every):
+            if torch.device(setup.device).type == "cuda":  # the clock must count the work
+                torch.cuda.synchronize(setup.device)  # still queued, not the host's alone
             state.seconds += time.perf_counter() - started
             if time_to_plan(state, config):
                 plan_last_step(state, setup)
