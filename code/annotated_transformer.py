@@ -360,7 +360,7 @@ class LearnedPositionalEmbedding(PositionalEncoding):
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The architecture's hyperparameters, named as in Table 3; defaults are the base model.
+    """The architecture's hyperparameters, named as in Table 3: the base model's by default.
 
     Attributes:
         N: identical layers in the encoder and in the decoder (§3.1)
@@ -371,7 +371,7 @@ class ModelConfig:
         d_v: width of each head's values (default d_model / h)
         dropout: residual dropout on sub-layer outputs and embedding sums (§5.4)
         max_len: rows of the positional table: the longest sequence the model reads
-        share_embeddings: one matrix for both embeddings and the output projection (§3.4)
+        share_embeddings: one matrix for the embeddings and the output projection (§3.4; off)
         pre_norm: LayerNorm before each sub-layer instead of after (not the paper's)
         fused: PyTorch's fused attention kernel instead of the reference Eq. (1)
         positions: "sinusoidal" (§3.5) or "learned" (Table 3 row E)
