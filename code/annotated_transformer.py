@@ -664,6 +664,10 @@ class EncodedCorpus:
 import dataclasses
 
 
+def numeric(v):
+    return isinstance(v, int | float) and not isinstance(v, bool)  # True is an int in Python
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """The recipe of §5 for one training run: the architecture and how it is trained.
@@ -693,17 +697,14 @@ class TrainConfig:
     def rules(self):
         """{field: (what it must be, a test)}; a subclass adds the rules of its own fields."""
 
-        def number(v):
-            return isinstance(v, int | float) and not isinstance(v, bool)
-
         rules = {  # every integer field, a subclass's too, is a count
             f.name: ("a positive integer", lambda v: type(v) is int and v > 0)
             for f in dataclasses.fields(self)
             if f.type is int
         }
         rules["seed"] = ("an integer >= 0", lambda v: type(v) is int and v >= 0)
-        rules["lr_factor"] = ("a positive finite number", lambda v: number(v) and 0 < v < math.inf)
-        in_0_1 = ("in [0, 1)", lambda v: number(v) and 0 <= v < 1)
+        rules["lr_factor"] = ("a positive finite number", lambda v: numeric(v) and 0 < v < math.inf)
+        in_0_1 = ("in [0, 1)", lambda v: numeric(v) and 0 <= v < 1)
         rules["weight_decay"] = rules["smoothing"] = in_0_1
         return rules
 

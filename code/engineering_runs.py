@@ -47,6 +47,7 @@ from annotated_transformer import (
     forward_loss,
     load_tokenizer,
     make_optimizer,
+    numeric,
     rate,
     read_checkpoint,
     train_bpe,
@@ -433,15 +434,9 @@ class RunConfig(TrainConfig):
     log_every: int = 10
 
     def rules(self):
-        def number(v):
-            return isinstance(v, int | float) and not isinstance(v, bool)
-
-        def seconds(v):
-            return number(v) and 0 <= v < math.inf
-
         return super().rules() | {
-            "anneal": ("a number in [0, 1]", lambda v: number(v) and 0 <= v <= 1),
-            "max_seconds": ("a finite number >= 0", seconds),
+            "anneal": ("a number in [0, 1]", lambda v: numeric(v) and 0 <= v <= 1),
+            "max_seconds": ("a finite number >= 0", lambda v: numeric(v) and 0 <= v < math.inf),
         }
 
     def identity(self):

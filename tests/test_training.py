@@ -209,8 +209,10 @@ def test_run_writes_checkpoint_tokenizer_and_metrics(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
-def test_a_time_budget_ends_the_run_at_the_last_checkpoint_its_pace_fits(tmp_path, monkeypatch):
-    clock = [0.0]  # a step takes one second; validating and saving take none
+@pytest.fixture
+def one_second_steps(monkeypatch):
+    """train's clock, faked: a step takes one second; validating and saving take none."""
+    clock = [0.0]
     monkeypatch.setattr(eng.time, "perf_counter", lambda: clock[0])
     step = eng.train_step_amp
 
@@ -219,6 +221,11 @@ def test_a_time_budget_ends_the_run_at_the_last_checkpoint_its_pace_fits(tmp_pat
         return step(*args, **kwargs)
 
     monkeypatch.setattr(eng, "train_step_amp", one_second_step)
+
+
+def test_a_time_budget_ends_the_run_at_the_last_checkpoint_its_pace_fits(
+    tmp_path, one_second_steps
+):
     config = dataclasses.replace(TINY, max_steps=30, checkpoint_every=3, max_seconds=10.0)
     _, _, history = eng.train(config, toy_pairs(), tmp_path / "a", log=quiet)
     # at step 3 (3 s) the next checkpoint comes at 6 s, at step 6 at 9 s, at step 9 at 12 s,
@@ -326,16 +333,7 @@ def test_the_plan_ends_at_the_last_checkpoint_that_the_warmup_pace_fits(tmp_path
         torch.distributed.destroy_process_group()
 
 
-def test_an_annealed_budget_ends_at_its_plan_with_the_rate_at_zero(tmp_path, monkeypatch):
-    clock = [0.0]  # a step takes one second, as in the budget test above
-    monkeypatch.setattr(eng.time, "perf_counter", lambda: clock[0])
-    step = eng.train_step_amp
-
-    def one_second_step(*args, **kwargs):
-        clock[0] += 1.0
-        return step(*args, **kwargs)
-
-    monkeypatch.setattr(eng, "train_step_amp", one_second_step)
+def test_an_annealed_budget_ends_at_its_plan_with_the_rate_at_zero(tmp_path, one_second_steps):
     config = dataclasses.replace(TINY, anneal=1.0, warmup_steps=10, checkpoint_every=3)
     config = dataclasses.replace(config, max_steps=100, max_seconds=31.0)
     _, _, history = eng.train(config, toy_pairs(), tmp_path / "a", log=quiet)
