@@ -581,7 +581,8 @@ def main(argv=None):
         decoding=at.decoding_label(args.beam_size, args.alpha),
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n")
+    with eng.atomic_file(args.out) as file:
+        file.write(json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n")
     size = args.out.stat().st_size
     print(f"wrote {args.out} ({size / 1e6:.2f} MB): {len(records)} sentences, step {data['step']}")
     for record in records:

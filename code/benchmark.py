@@ -22,7 +22,6 @@ ratio of medians, with the median and range of the per-round ratios.
 
 import argparse
 import hashlib
-import json
 import os
 import pathlib
 import random
@@ -717,7 +716,7 @@ def main(argv=None, log=None):
         torch.set_num_threads(threads)  # main() may be called in-process (the tests do)
     report(results, table)
     if args.out:
-        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        eng.write_json(args.out, results)
         print(f"wrote {args.out}")
     return 0
 

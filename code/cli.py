@@ -14,7 +14,6 @@ import math
 import os
 import pathlib
 import sys
-import tempfile
 import typing
 
 import docstring_parser
@@ -253,16 +252,9 @@ def read_csv(path):
 
 
 def write_atomically(path, text):
-    """Write `text` to `path` through a temporary file in the same folder and a rename, so
-    that the file is either absent (or as before) or complete."""
-    path = pathlib.Path(path)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as file:
-            file.write(text)
-        os.replace(tmp, path)
-    finally:
-        pathlib.Path(tmp).unlink(missing_ok=True)
+    """Write `text` to `path` atomically (engineering_runs.atomic_file)."""
+    with eng.atomic_file(path) as file:
+        file.write(text)
 
 
 def write_csv(path, rows, columns):

@@ -20,8 +20,8 @@ import math
 import os
 import pathlib
 import platform
-import shutil
 import socket
+import tempfile
 import time
 import typing
 import urllib.request
@@ -89,27 +89,42 @@ def default_cache_dir():
     return pathlib.Path(base) / "annotated-transformer" / "multi30k"
 
 
+@contextlib.contextmanager
+def atomic_file(path, mode="w"):
+    """Open a temporary file beside `path` (mode "w": UTF-8 text, "wb": bytes) and rename it
+    onto `path` once the block has ended without an error, synced to disk: a reader finds
+    the old file or the whole new one, never half of one. After an error, nothing is kept."""
+    path = pathlib.Path(path)
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    text = {} if "b" in mode else {"encoding": "utf-8", "newline": "\n"}
+    try:
+        with os.fdopen(handle, mode, **text) as file:
+            yield file
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    finally:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+
+
 def download(url, path, sha256):
     """Fetch url to path, verified: the bytes go to a temporary file in the same folder,
     renamed into place only once their checksum matches; nothing else is left behind."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(f"{path.name}.{os.getpid()}.part")
     try:
-        with urllib.request.urlopen(url, timeout=60) as response, open(part, "wb") as file:
-            shutil.copyfileobj(response, file)
-        problem = None if sha256_of(part) == sha256 else f"its SHA-256 is not {sha256}"
-        if problem is None:
-            os.replace(part, path)
-    except OSError as error:  # urllib's URLError is an OSError
-        problem = str(error)
-    finally:
-        part.unlink(missing_ok=True)
-    if problem:
+        with urllib.request.urlopen(url, timeout=60) as response, atomic_file(path, "wb") as file:
+            digest = hashlib.sha256()
+            for block in iter(lambda: response.read(1 << 20), b""):
+                digest.update(block)
+                file.write(block)
+            if digest.hexdigest() != sha256:  # raised inside the block: nothing is kept
+                raise DatasetError(f"its SHA-256 is not {sha256}")
+    except (OSError, DatasetError) as error:  # urllib's URLError is an OSError
         raise DatasetError(
-            f"could not download {url} ({problem}); nothing was kept. Try again, or point "
+            f"could not download {url} ({error}); nothing was kept. Try again, or point "
             f"the loader at a verified local copy: set MULTI30K_DIR or pass data_dir"
-        )
+        ) from error
     return path
 
 
@@ -319,24 +334,15 @@ CHECKPOINT_FORMAT = 3  # checkpoints record it; another format is refused on res
 
 
 def save_checkpoint(path, payload):
-    """torch.save to a temporary file beside `path`, then an atomic rename."""
-    path = pathlib.Path(path)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as file:
-            torch.save(payload, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """torch.save, atomically (atomic_file)."""
+    with atomic_file(path, "wb") as file:
+        torch.save(payload, file)
 
 
 def write_json(path, data):
     """JSON written as atomically as a checkpoint (a reader never sees half a file)."""
-    tmp = pathlib.Path(f"{path}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    with atomic_file(path) as file:
+        file.write(json.dumps(data, indent=1) + "\n")
 
 
 def snapshot_paths(out_dir):
@@ -814,7 +820,8 @@ def tokenizer_for_run(config, pairs, out, tokenizer, payload, rank, world):
             f"{config.vocab_size}; pass a tokenizer from train_bpe(pairs, {config.vocab_size})"
         )
     if rank == 0:
-        tokenizer.save(str(out / "tokenizer.json"))
+        with atomic_file(out / "tokenizer.json") as file:
+            file.write(tokenizer.to_str())
     return tokenizer
 
 

@@ -136,12 +136,8 @@ def export_graph(module, inputs, names, dynamic, path):
             verbose=False,
         )
         graph = weights_in_float16(onnx.load(raw))
-    part = path.with_name(f".{path.name}.tmp")  # beside the target, so the rename is atomic
-    try:
-        part.write_bytes(graph.SerializeToString())
-        part.replace(path)
-    finally:
-        part.unlink(missing_ok=True)
+    with eng.atomic_file(path, "wb") as file:
+        file.write(graph.SerializeToString())
 
 
 def export(checkpoint, out, examples):

@@ -105,11 +105,25 @@ def test_no_network_and_no_local_copy_says_what_to_set(isolated):
 def test_interrupted_download_leaves_nothing_behind(isolated, monkeypatch):
     mirror = copy_of_data(isolated / "mirror")
 
-    def cut_off(source, target):
-        target.write(source.read(1000))
-        raise ConnectionResetError("connection lost")
+    opened = eng.urllib.request.urlopen
 
-    monkeypatch.setattr(eng.shutil, "copyfileobj", cut_off)
+    class CutOff:  # a response that breaks after its first 1000 bytes
+        def __init__(self, url, timeout):
+            self.response, self.sent = opened(url, timeout=timeout), False
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *error):
+            self.response.close()
+
+        def read(self, size):
+            if self.sent:
+                raise ConnectionResetError("connection lost")
+            self.sent = True
+            return self.response.read(1000)
+
+    monkeypatch.setattr(eng.urllib.request, "urlopen", CutOff)
     with pytest.raises(eng.DatasetError, match="could not download"):
         eng.load_multi30k("val", base_url=mirror.as_uri() + "/")
     assert not any(eng.default_cache_dir().iterdir())

@@ -209,6 +209,28 @@ def test_run_writes_checkpoint_tokenizer_and_metrics(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def test_a_write_that_fails_keeps_the_old_file_and_leaves_nothing(tmp_path):
+    path = tmp_path / "metrics.json"
+    eng.write_json(path, {"step": 1})
+    with pytest.raises(RuntimeError), eng.atomic_file(path) as file:
+        file.write('{"step": 2, "hal')
+        raise RuntimeError("killed mid-write")
+    assert json.loads(path.read_text()) == {"step": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.json"]
+    with (
+        eng.atomic_file(tmp_path / "a.bin", "wb") as first,
+        eng.atomic_file(tmp_path / "a.bin", "wb") as second,
+    ):  # two writers of one file never share a temporary name
+        first.write(b"first"), second.write(b"second")
+    assert (tmp_path / "a.bin").read_bytes() == b"first"  # the last to finish, whole
+
+
+def test_every_file_in_code_is_renamed_into_place_by_atomic_file():
+    code = pathlib.Path(__file__).resolve().parent.parent / "code"
+    renames = {p.name: p.read_text().count("os.replace(") for p in code.glob("*.py")}
+    assert {name: n for name, n in renames.items() if n} == {"engineering_runs.py": 1}
+
+
 @pytest.fixture
 def one_second_steps(monkeypatch):
     """train's clock, faked: a step takes one second; validating and saving take none."""
