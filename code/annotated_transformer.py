@@ -19,6 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 
 
+class InputError(ValueError):
+    """A value given to the code is wrong; the message names it and says how to fix it."""
+
+
 class EncoderDecoder(nn.Module):
     """§3.1, Figure 1: the encoder maps the source symbols (x_1..x_n) to a sequence of
     continuous representations, the memory z; given z, the decoder produces the target
@@ -334,7 +338,7 @@ class PositionalEncoding(nn.Module):
         # adds its own position's encoding
         seq = x.size(1)
         if offset + seq > self.max_len:
-            raise ValueError(
+            raise InputError(
                 f"sequence of length {offset + seq} is longer than the positional table "
                 f"(max_len={self.max_len}); build the model with a larger max_len"
             )
@@ -400,25 +404,25 @@ class ModelConfig:
             if value is None and name in ("d_k", "d_v"):
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise InputError(f"{name} must be a positive integer, got {value!r}")
         if (self.d_k is None or self.d_v is None) and self.d_model % self.h:
-            raise ValueError(
+            raise InputError(
                 f"d_model={self.d_model} is not divisible by h={self.h}: the paper uses "
                 f"d_k = d_v = d_model / h; pick an h that divides d_model or set d_k and d_v"
             )
         if self.d_model % 2:
-            raise ValueError(
+            raise InputError(
                 f"d_model={self.d_model} must be even for the sinusoidal encoding (§3.5)"
             )
         if self.positions not in ("sinusoidal", "learned"):
-            raise ValueError(
+            raise InputError(
                 f"positions must be 'sinusoidal' (§3.5) or 'learned' (Table 3 row E), "
                 f"got {self.positions!r}"
             )
         for name in ("dropout", "attention_dropout", "relu_dropout"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
-                raise ValueError(f"{name} must be a probability in [0, 1), got {value!r}")
+                raise InputError(f"{name} must be a probability in [0, 1), got {value!r}")
 
 
 BASE = ModelConfig()
@@ -431,9 +435,9 @@ def build_model(src_vocab, tgt_vocab, config=BASE):
     """The full Transformer of Figure 1 from a ModelConfig; see make_model."""
     for name, value in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab)):
         if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            raise InputError(f"{name} must be a positive integer, got {value!r}")
     if config.share_embeddings and src_vocab != tgt_vocab:
-        raise ValueError(
+        raise InputError(
             f"share_embeddings=True ties both embeddings to one matrix, so it needs one "
             f"shared vocabulary, but src_vocab={src_vocab} != tgt_vocab={tgt_vocab}; "
             f"build a joint vocabulary (§5.1) or set share_embeddings=False"
@@ -530,7 +534,7 @@ def train_bpe(pairs, vocab_size=8000, path=None):
     """§5.1: one byte-pair encoding shared by source and target, learned from both sides of
     the training pairs. Saved to `path` (JSON) when given. Same pairs, same vocabulary."""
     if not isinstance(vocab_size, int) or vocab_size <= len(SPECIAL_TOKENS):
-        raise ValueError(
+        raise InputError(
             f"vocab_size must be an integer > {len(SPECIAL_TOKENS)}, got {vocab_size!r}"
         )
     tokenizer = Tokenizer(models.BPE(unk_token=UNK))
@@ -711,7 +715,7 @@ class TrainConfig:
     def __post_init__(self):
         for name, (rule, holds) in self.rules().items():
             if not holds(getattr(self, name)):
-                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
+                raise InputError(f"{name} must be {rule}, got {getattr(self, name)!r}")
 
 
 def rate(step, model_size, factor=1.0, warmup=4000):
@@ -835,9 +839,9 @@ def copy_task_pairs(n, vocab, length, generator):
 # --------------------------------------------------------------------------------------
 
 def positive_int(name, value):
-    """value, if it is a positive integer (a bool is not); otherwise a ValueError naming it."""
+    """value, if it is a positive integer (a bool is not); otherwise an InputError naming it."""
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        raise InputError(f"{name} must be a positive integer, got {value!r}")
     return value
 
 
@@ -952,7 +956,7 @@ def read_checkpoint(path):
         first = str(error).partition("\n")[0].partition(". ")[0]
         problem = type(error).__name__ + (f": {first}" if first else "")
     if problem:
-        raise ValueError(
+        raise InputError(
             f"{path} cannot be read as a checkpoint ({problem}): it is damaged or not a "
             f"checkpoint written by train; use another snapshot of the run"
         )
@@ -981,12 +985,12 @@ def average_checkpoints(paths):
     (save it with torch.save, load it with load_checkpoint)."""
     paths = [pathlib.Path(p) for p in paths]
     if not paths:
-        raise ValueError("average_checkpoints needs at least one checkpoint path")
+        raise InputError("average_checkpoints needs at least one checkpoint path")
     payloads = [read_checkpoint(p) for p in paths]
     for path, payload in zip(paths[1:], payloads[1:]):
         differ = [key for key in ("config", "tokenizer") if payload[key] != payloads[0][key]]
         if differ:
-            raise ValueError(
+            raise InputError(
                 f"{path} and {paths[0]} have a different {' and '.join(differ)}: they come "
                 f"from different runs, and only checkpoints of one run can be averaged"
             )
@@ -1015,7 +1019,7 @@ def translate(
     positive_int("beam_size", beam_size)
     positive_int("batch_size", batch_size)
     if not (isinstance(alpha, int | float) and 0 <= alpha < math.inf):
-        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
+        raise InputError(f"alpha must be a finite number >= 0, got {alpha!r}")
     encoded = encode_sentences(model, tokenizer, sentences)
     results = [""] * len(sentences)
     order = sorted(encoded, key=lambda i: len(encoded[i]))  # similar lengths, little padding
@@ -1046,12 +1050,14 @@ def encode_sentences(model, tokenizer, sentences):
             n = len(encoded[i])
             if n > longest:
                 fits = f"at most {longest} tokens fit" if longest > 0 else "no sentence fits"
-                raise ValueError(
+                error = InputError(
                     f"sentence {i} is {n} tokens long and needs positional tables of {n} "
                     f"(source) and {n + 50} (target) rows, as the output may be 50 tokens "
                     f"longer than the input; this model's have {tables[0]} and {tables[1]}, "
                     f"so {fits}"
                 )
+                error.index = i  # for a caller that names the sentence its own way
+                raise error
     return encoded
 
 

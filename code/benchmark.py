@@ -322,7 +322,7 @@ def profile_pairs(bench):
         return eng.load_multi30k("train")
     if bench.corpus == "stand-in":
         return stand_in_pairs()
-    raise ValueError(f"corpus must be 'multi30k' or 'stand-in', got {bench.corpus!r}")
+    raise at.InputError(f"corpus must be 'multi30k' or 'stand-in', got {bench.corpus!r}")
 
 
 def pairs_digest(pairs):
@@ -345,7 +345,9 @@ def spread_batches(lengths, max_tokens, count, seed=0):
     # unshuffled: the same batches (the cuts come before the shuffle), in order of length
     batches = at.batch_by_tokens(lengths, max_tokens, seed, shuffle=False)
     if not 0 < count <= len(batches):
-        raise ValueError(f"count must be in 1..{len(batches)} (the epoch's batches), got {count}")
+        raise at.InputError(
+            f"count must be in 1..{len(batches)} (the epoch's batches), got {count}"
+        )
     return [batches[(2 * i + 1) * len(batches) // (2 * count)] for i in range(count)]
 
 

@@ -1,6 +1,6 @@
 """What the scripts in code/ share: argument types that refuse a bad value with a message
 naming it, the --device flag, one way to end on a user's mistake (one line on stderr and
-exit code 2, never a traceback), a flag for every field of the config dataclasses (help
+exit code 2; a bug keeps its traceback), a flag for every field of the config dataclasses (help
 from their docstrings), thread set-up, a log, results tables and shared tokenizers.
 No script imports another script: what two of them need lives here or in the module."""
 
@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import csv
 import dataclasses
+import errno
 import functools
 import io
 import math
@@ -22,9 +23,16 @@ import torch
 import annotated_transformer as at
 import engineering_runs as eng
 
-# what a user can cause by what they typed or pointed at: bad values, missing or damaged
-# files, a busy folder, a read-only or full disk
-USER_ERRORS = (ValueError, TypeError, OSError, eng.DatasetError)
+# errors of the file system that point at a path the user gave (a missing file, a file
+# where a folder should be, a busy run folder, no permission) or at a full or read-only disk
+PATH_ERRORS = (
+    FileNotFoundError,
+    FileExistsError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
+)
+DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
 
 
 def integer_at_least(minimum, what):
@@ -104,22 +112,34 @@ def own_folder(out, run):
     """Refuse to write results into a training run's folder (its files would be replaced)."""
     out = pathlib.Path(out)
     if out.resolve() == pathlib.Path(run).resolve() or (out / "checkpoint.pt").exists():
-        raise ValueError(
+        raise at.InputError(
             f"--out {out} is a training run's folder; results go to a folder of their own "
             f"(e.g. results/{pathlib.Path(run).name}), so that no training file is replaced"
         )
     return out
 
 
+def users_to_fix(error):
+    """Whether `error` is the user's to fix from what they typed or pointed at: a bad value
+    (at.InputError), missing or damaged data (eng.DatasetError), or a file-system error on
+    a path or a disk. Any other error is a bug, and keeps its traceback."""
+    return isinstance(error, (at.InputError, eng.DatasetError, *PATH_ERRORS)) or (
+        isinstance(error, OSError) and (error.filename is not None or error.errno in DISK_ERRNOS)
+    )
+
+
 def user_errors_exit_2(name):
-    """Decorate a script's main(): a user's error ends as one line on stderr, exit code 2."""
+    """Decorate a script's main(): an error the user can fix (users_to_fix) ends as one line
+    on stderr and exit code 2; any other error propagates with its traceback."""
 
     def decorate(main):
         @functools.wraps(main)
         def guarded(*args, **kwargs):
             try:
                 return main(*args, **kwargs)
-            except USER_ERRORS as error:
+            except Exception as error:
+                if not users_to_fix(error):
+                    raise
                 print(f"{name}: {error}", file=sys.stderr)
                 return 2
 

@@ -22,6 +22,7 @@ from annotated_transformer import (
     EOS_ID,
     PAD_ID,
     Batch,
+    InputError,
     forward_loss,
     padding_mask,
     rate,
@@ -140,7 +141,7 @@ def capturable_step(model, optimizer, schedule, smoothing, amp=None):
     subsequent_mask(T) on the device. Forward, loss per real token, backward, the optimizer's
     and the schedule's step, gradients zeroed in place; returns [loss, nll] summed."""
     if amp == torch.float16:
-        raise ValueError("float16 needs a gradient scaler, which reads the device: use bf16")
+        raise InputError("float16 needs a gradient scaler, which reads the device: use bf16")
 
     def step(src, tgt, ntokens, causal):
         tgt_in, tgt_y = tgt[:, :-1], tgt[:, 1:]
@@ -186,7 +187,7 @@ class GraphedTrainStep:
 
     def __init__(self, model, optimizer, schedule, smoothing, amp=None, eager_steps=3):
         if eager_steps < 1:  # the optimizer's state must exist before a capture
-            raise ValueError(f"eager_steps must be at least 1, got {eager_steps}")
+            raise InputError(f"eager_steps must be at least 1, got {eager_steps}")
         self.step = capturable_step(model, optimizer, schedule, smoothing, amp)
         self.device, self.eager_steps = schedule.lr.device, eager_steps
         self.graphed = self.device.type == "cuda"

@@ -40,6 +40,7 @@ from annotated_transformer import (
     SMALL,
     Batch,
     EncodedCorpus,
+    InputError,
     ModelConfig,
     TrainConfig,
     batch_by_tokens,
@@ -154,7 +155,7 @@ def load_multi30k(split, src_lang="de", tgt_lang="en", data_dir=None, base_url=M
     """§5.1 on Multi30k: the aligned (source, target) sentence pairs of one split
     (train: 29000, val: 1014, test2016: 1000), each file verified against its SHA-256."""
     if split not in MULTI30K_SPLITS or {src_lang, tgt_lang} != {"de", "en"}:
-        raise ValueError(
+        raise InputError(
             f"split must be one of {sorted(MULTI30K_SPLITS)} and src_lang, tgt_lang 'de' and "
             f"'en' in either order; got split={split!r}, src_lang={src_lang!r}, "
             f"tgt_lang={tgt_lang!r}"
@@ -178,7 +179,7 @@ def autocast_dtype(amp, device):
     if amp is None or amp == "off":
         return None
     if amp not in AMP_CHOICES:
-        raise ValueError(f"amp must be one of {', '.join(AMP_CHOICES)}, got {amp!r}")
+        raise InputError(f"amp must be one of {', '.join(AMP_CHOICES)}, got {amp!r}")
     device = torch.device(device)
     if amp in ("auto", "fastest"):
         if device.type != "cuda":
@@ -234,7 +235,7 @@ def check_device(device):
     except RuntimeError:
         problem = "it is not a device: use cpu, cuda or cuda:N"
     if problem:
-        raise ValueError(f"device={device!r}: {problem}")
+        raise InputError(f"device={device!r}: {problem}")
 
 
 def cpu_model():
@@ -525,7 +526,7 @@ def apply_changes(config, changes):
         elif name in train_fields:
             train_changes[name] = value
         else:
-            raise ValueError(
+            raise InputError(
                 f"unknown field {name!r}: a change names a {type(config).__name__} field "
                 f"({', '.join(sorted(train_fields))}) or a ModelConfig field "
                 f"({', '.join(sorted(model_fields))})"
@@ -741,7 +742,7 @@ def checkpoint_to_resume(path, config, precision=None, cuda_graphs=False):
         hint = ""
         if saved["precision"] != wanted["precision"] and saved["precision"] in AMP_OF_PRECISION:
             hint = f" (amp={AMP_OF_PRECISION[saved['precision']]!r} trains in {saved['precision']})"
-        raise ValueError(
+        raise InputError(
             f"{path} was written with a different configuration ({'; '.join(differ)}); "
             f"resume with the same settings{hint} or start a new run in another folder"
         )
@@ -806,7 +807,7 @@ def tokenizer_for_run(config, pairs, out, tokenizer, payload, rank, world):
     if payload is not None:
         saved = Tokenizer.from_str(payload["tokenizer"])
         if tokenizer is not None and tokenizer.to_str() != saved.to_str():
-            raise ValueError(f"{out} was trained with another tokenizer; resume without one")
+            raise InputError(f"{out} was trained with another tokenizer; resume without one")
         return saved
     if tokenizer is None:
         if rank == 0:
@@ -815,7 +816,7 @@ def tokenizer_for_run(config, pairs, out, tokenizer, payload, rank, world):
             torch.distributed.barrier()  # rank 0's vocabulary is on disk for every rank
         return load_tokenizer(out / "tokenizer.json")
     if tokenizer.get_vocab_size() > config.vocab_size:
-        raise ValueError(
+        raise InputError(
             f"the tokenizer has {tokenizer.get_vocab_size()} tokens but config.vocab_size is "
             f"{config.vocab_size}; pass a tokenizer from train_bpe(pairs, {config.vocab_size})"
         )
@@ -996,14 +997,14 @@ def train(
 def check_run(out_dir, train_pairs, graphs_refused):
     """Refuse what train cannot do, before anything is written."""
     if str(out_dir).strip() in ("", "."):  # pathlib.Path("") is "." too
-        raise ValueError(
+        raise InputError(
             f"out_dir={str(out_dir)!r} is the working directory: pass a folder of the run's "
             f"own, e.g. runs/quick"
         )
     if not train_pairs:
-        raise ValueError("train_pairs is empty: pass (source, target) sentence pairs")
+        raise InputError("train_pairs is empty: pass (source, target) sentence pairs")
     if graphs_refused:
-        raise ValueError(
+        raise InputError(
             "cuda_graphs=True captures the step of one process, uncompiled, in float32 or "
             "bfloat16: drop compile, run one process, and use amp='bf16' or 'off' (float16 "
             "needs a gradient scaler, which reads the device at every step)"

@@ -119,7 +119,7 @@ def snapshots_within(snapshots, seconds):
     for path in snapshots:
         validation = at.read_checkpoint(path).get("validation")
         if not validation or "seconds" not in validation:
-            raise ValueError(
+            raise at.InputError(
                 f"{path} records no training time (no validation figures): --within-hours "
                 f"needs a run trained with validation pairs"
             )
@@ -127,7 +127,7 @@ def snapshots_within(snapshots, seconds):
             break  # training time only grows with the step: no later snapshot is within
         kept.append((path, validation))
     if not kept:
-        raise ValueError(f"no snapshot was written within {seconds / 3600:g} hours of training")
+        raise at.InputError(f"no snapshot was written within {seconds / 3600:g} hours of training")
     return kept
 
 

@@ -20,7 +20,6 @@ written only once every line is translated.
 
 import argparse
 import pathlib
-import re
 import sys
 
 import sacrebleu
@@ -92,7 +91,7 @@ def read_lines(data, name):
         try:
             decoded.append(line.removesuffix(b"\r").decode("utf-8"))
         except UnicodeDecodeError as error:
-            raise ValueError(
+            raise at.InputError(
                 f"line {number} of {name} is not UTF-8 text (byte {line[error.start]:#04x} "
                 f"at column {error.start + 1})"
             ) from None
@@ -106,7 +105,7 @@ def read_sources(args):
             try:
                 sentence.encode("utf-8")
             except UnicodeEncodeError:  # bytes that are not UTF-8 arrive as surrogates
-                raise ValueError(f"argument {number} is not UTF-8 text") from None
+                raise at.InputError(f"argument {number} is not UTF-8 text") from None
         return list(args.sentences), lambda i: f"argument {i + 1}"
     if args.input is not None:
         return read_lines(
@@ -123,45 +122,13 @@ def load_translator(path, device):
     line (the file may hold anything: its contents decide what fails)."""
     try:
         return at.load_checkpoint(path, device)
-    except (OSError, ValueError):
+    except (OSError, at.InputError):
         raise  # load_checkpoint's own messages name the file and the problem
     except Exception as error:  # a checkpoint of something else: a wrong config or weights
         first = str(error).strip().partition("\n")[0]
-        raise ValueError(
+        raise at.InputError(
             f"{path} is not a translator's checkpoint ({type(error).__name__}: {first})"
         ) from None
-
-
-def check_lengths(model, tokenizer, sentences, where):
-    """encode_sentences' refusal of a sentence too long for the model, naming the input
-    line instead of the sentence's index."""
-    try:
-        return at.encode_sentences(model, tokenizer, sentences)
-    except ValueError as error:
-        found = re.match(r"sentence (\d+) (.*)", str(error), re.DOTALL)
-        if not found:
-            raise
-        raise ValueError(f"{where(int(found[1]))} {found[2]}") from None
-
-
-def translate_all(model, tokenizer, sentences, encoded, beam_size, alpha, batch_size, bar):
-    """at.translate, one batch at a time to drive the progress bar: the same batches as one
-    call on all sentences (sorted by length, blanks left out), so the same translations."""
-    results = [""] * len(sentences)
-    order = sorted(encoded, key=lambda i: len(encoded[i]))
-    bar.update(len(sentences) - len(order))  # blank lines: nothing to translate
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        batch = [sentences[i] for i in chunk]
-        for i, text in zip(
-            chunk,
-            at.translate(
-                model, tokenizer, batch, beam_size, alpha, batch_size, fd.fast_decode_batch
-            ),
-        ):
-            results[i] = text
-        bar.update(len(chunk))
-    return results
 
 
 @cli.user_errors_exit_2("translate.py")
@@ -174,24 +141,38 @@ def main(argv=None):
     if args.reference is not None:
         references = read_lines(args.reference.read_bytes(), args.reference)
         if len(references) != len(sentences):
-            raise ValueError(
+            raise at.InputError(
                 f"--reference {args.reference} has {len(references)} lines and the input "
                 f"{len(sentences)}: it needs one reference for each input line"
             )
         if not sentences:
-            raise ValueError("--reference: the input has no lines, so there is nothing to score")
+            raise at.InputError("--reference: the input has no lines, so there is nothing to score")
     if args.output is not None and not args.output.parent.is_dir():
-        raise FileNotFoundError(f"--output {args.output}: no folder {args.output.parent}")
+        raise at.InputError(f"--output {args.output}: no folder {args.output.parent}")
     if args.output is not None and args.output.is_dir():
-        raise IsADirectoryError(f"--output {args.output} is a folder; name a file")
+        raise at.InputError(f"--output {args.output} is a folder; name a file")
     model, tokenizer = load_translator(args.checkpoint, args.device)
-    encoded = check_lengths(model, tokenizer, sentences, where)
     beam_size = 1 if args.greedy else args.beam_size
     quiet = args.quiet or bool(args.sentences) or not sys.stderr.isatty()
-    with tqdm(total=len(sentences), unit="sentence", disable=quiet, file=sys.stderr) as bar:
-        translations = translate_all(
-            model, tokenizer, sentences, encoded, beam_size, args.alpha, args.batch_size, bar
-        )
+    blank = sum(not sentence.strip() for sentence in sentences)  # nothing to translate
+    with tqdm(
+        total=len(sentences), initial=blank, unit="sentence", disable=quiet, file=sys.stderr
+    ) as bar:
+
+        def decode(model, src, src_mask, beam_size, alpha):  # fast decoding, counted on the bar
+            out = fd.fast_decode_batch(model, src, src_mask, beam_size, alpha)
+            bar.update(src.size(0))
+            return out
+
+        try:
+            translations = at.translate(
+                model, tokenizer, sentences, beam_size, args.alpha, args.batch_size, decode
+            )
+        except at.InputError as error:  # a sentence too long: named as the user numbers it
+            if getattr(error, "index", None) is None:
+                raise
+            problem = str(error).removeprefix(f"sentence {error.index} ")
+            raise at.InputError(f"{where(error.index)} {problem}") from None
     text = "".join(line + "\n" for line in translations)
     if args.output is None:
         sys.stdout.write(text)

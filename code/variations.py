@@ -301,7 +301,7 @@ def selected_rows(scale, wanted):
     chosen = [label for label in labels if label in wanted or group_of(label) in wanted]
     unknown = [w for w in wanted if w not in labels and w not in map(group_of, labels)]
     if unknown:
-        raise ValueError(
+        raise at.InputError(
             f"unknown row(s) {', '.join(unknown)}; choose from the groups "
             f"{', '.join(dict.fromkeys(map(group_of, labels)))} or the labels {labels}"
         )

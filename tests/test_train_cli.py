@@ -180,6 +180,29 @@ def test_a_full_disk_during_a_save_exits_2_and_keeps_the_last_checkpoint(
     assert not list(tmp_path.glob("*.tmp")) and not (tmp_path / ".lock").exists()
 
 
+@pytest.mark.parametrize(
+    "bug",
+    [TypeError("'NoneType' object is not subscriptable"), ValueError("math domain error"),
+     OSError("a socket error, no path")],
+    ids=["TypeError", "ValueError", "OSError"],
+)  # fmt: skip
+def test_a_bug_inside_a_script_keeps_its_traceback(tmp_path, toy_data, monkeypatch, bug):
+    def broken(*args, **kwargs):
+        raise bug
+
+    monkeypatch.setattr(eng, "train", broken)
+    with pytest.raises(type(bug), match=str(bug)):
+        train.main(["--out", str(tmp_path / "run"), *TINY_FLAGS])
+
+
+def test_the_users_errors_are_told_from_bugs():
+    users = [at.InputError("d_model must be even"), eng.DatasetError("no file"),
+             FileNotFoundError(2, "No such file or directory", "de.txt"),
+             OSError(errno.ENOSPC, "No space left on device")]  # fmt: skip
+    bugs = [ValueError("x"), TypeError("x"), KeyError("x"), OSError("x"), RuntimeError("x")]
+    assert [cli.users_to_fix(e) for e in users + bugs] == [True] * 4 + [False] * 5
+
+
 def test_command_line_reports_missing_data(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("MULTI30K_DIR", raising=False)
     argv = ["--out", str(tmp_path / "run"), "--data-dir", str(tmp_path / "nowhere")]

@@ -14,6 +14,7 @@ import torch
 
 import annotated_transformer as at
 import engineering_runs as eng
+import fast_decoding as fd
 import translate
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -193,19 +194,23 @@ def test_a_missing_checkpoint_is_refused(tmp_path, capsys):
     assert f"no checkpoint at {missing}" in err
 
 
-def test_a_failure_while_translating_leaves_no_output_file(val, tmp_path, capsys, monkeypatch):
+def test_a_failure_while_translating_keeps_its_traceback_and_writes_nothing(
+    val, tmp_path, monkeypatch
+):
     calls = []
 
-    def fails_on_the_second_batch(*args):
-        calls.append(args)
+    def fails_on_the_second_batch(model, src, *args):
+        calls.append(len(src))
         if len(calls) == 2:
-            raise OSError("disk gone")
-        return [""] * len(args[2])
+            raise RuntimeError("out of memory")  # not the user's to fix: a traceback
+        return torch.full((len(src), 1), at.EOS_ID)
 
-    monkeypatch.setattr(at, "translate", fails_on_the_second_batch)
+    monkeypatch.setattr(fd, "fast_decode_batch", fails_on_the_second_batch)
     source = write_lines(tmp_path / "de.txt", val["sources"])
-    err = refused(["--input", str(source), "--batch-size", "4"], capsys, tmp_path / "en.txt")
-    assert "disk gone" in err and len(calls) == 2
+    output = tmp_path / "en.txt"
+    with pytest.raises(RuntimeError, match="out of memory"):
+        translate.main(["--input", str(source), "--batch-size", "4", "--output", str(output)])
+    assert len(calls) == 2 and list(tmp_path.iterdir()) == [source]
 
 
 def test_a_failure_while_writing_leaves_no_output_file(tmp_path, capsys, monkeypatch):
