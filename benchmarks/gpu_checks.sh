@@ -52,6 +52,6 @@ for path in "off --no-cuda-graphs" "bf16 --no-cuda-graphs" "bf16 --cuda-graphs";
     done
 done
 stage first_bf16_compile_buckets 100 $PY code/train.py --out "$RUNS/compiled" $FIRST \
-    --amp bf16 --compile --no-cuda-graphs
+    --amp bf16 --compile inductor --no-cuda-graphs
 stage benchmark 120 $PY code/benchmark.py --device cuda --config base small --rounds 3 \
     --min-seconds 0.2 --out "$OUT/cuda.json"

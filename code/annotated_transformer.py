@@ -5,19 +5,20 @@ GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
 `python code/export.py` (or `python code/export.py --execute`, which also re-executes).
 """
 
+import copy
+import math
+import pathlib
+from dataclasses import dataclass, fields, replace
+
+import sacrebleu
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from torch import nn
 
 # --------------------------------------------------------------------------------------
 # 3.1 Encoder and Decoder Stacks, from chapters/03_1_encoder_decoder_stacks.ipynb
 # --------------------------------------------------------------------------------------
-
-import copy
-import math
-from dataclasses import dataclass, replace
-
-import torch
-import torch.nn.functional as F
-from torch import nn
-
 
 class InputError(ValueError):
     """A value given to the code is wrong; the message names it and says how to fix it."""
@@ -442,7 +443,7 @@ def build_model(src_vocab, tgt_vocab, config=BASE):
             f"shared vocabulary, but src_vocab={src_vocab} != tgt_vocab={tgt_vocab}; "
             f"build a joint vocabulary (§5.1) or set share_embeddings=False"
         )
-    c = config
+    c = config  # the hyperparameters (Harvard's c = copy.deepcopy is `copied` here)
     attn = MultiHeadedAttention(c.h, c.d_model, c.attention_dropout, c.fused, c.d_k, c.d_v)
     ff = PositionwiseFeedForward(c.d_model, c.d_ff, c.relu_dropout)
     encoding = PositionalEncoding if c.positions == "sinusoidal" else LearnedPositionalEmbedding
@@ -522,8 +523,6 @@ def count_parameters(model):
 # --------------------------------------------------------------------------------------
 # 5 Training, from chapters/05_training.ipynb
 # --------------------------------------------------------------------------------------
-
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]  # ids 0, 1, 2, 3 in this order
@@ -665,9 +664,6 @@ class EncodedCorpus:
         return Batch.from_tensors(src, tgt, self.target_tokens(indices), self.pad_id)
 
 
-import dataclasses
-
-
 def numeric(v):
     return isinstance(v, int | float) and not isinstance(v, bool)  # True is an int in Python
 
@@ -703,7 +699,7 @@ class TrainConfig:
 
         rules = {  # every integer field, a subclass's too, is a count
             f.name: ("a positive integer", lambda v: type(v) is int and v > 0)
-            for f in dataclasses.fields(self)
+            for f in fields(self)
             if f.type is int
         }
         rules["seed"] = ("an integer >= 0", lambda v: type(v) is int and v >= 0)
@@ -925,9 +921,9 @@ def beam_search(
                 break
         if not beam or best_score >= beam[0][2] / length_penalty(limit, alpha):
             break  # log P only falls as a hypothesis grows; lp is largest at the limit
-        rows, tokens, kept = zip(*beam)
+        rows, tokens, beam_scores = zip(*beam)
         ys = torch.cat([ys[list(rows)], ys.new_tensor(tokens).unsqueeze(1)], dim=1)
-        scores = torch.tensor(kept, device=src.device)
+        scores = torch.tensor(beam_scores, device=src.device)
     return best.unsqueeze(0)
 
 
@@ -941,9 +937,6 @@ def decode_batch(model, src, src_mask, beam_size=4, alpha=0.6):
         for i in range(src.size(0))
     ]
     return pad_ids([out.tolist() for out in outputs]).to(src.device)
-
-
-import pathlib
 
 
 def read_checkpoint(path):
@@ -1059,9 +1052,6 @@ def encode_sentences(model, tokenizer, sentences):
                 error.index = i  # for a caller that names the sentence its own way
                 raise error
     return encoded
-
-
-import sacrebleu
 
 
 def evaluate_bleu(

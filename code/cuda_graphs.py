@@ -4,11 +4,6 @@ GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
 `#| export` in chapters/cuda_graphs.ipynb; change the page, then run `python code/export.py`.
 """
 
-
-# --------------------------------------------------------------------------------------
-# Training with CUDA graphs (ours), from chapters/cuda_graphs.ipynb
-# --------------------------------------------------------------------------------------
-
 import contextlib
 import typing
 import warnings
@@ -29,6 +24,9 @@ from annotated_transformer import (
     subsequent_mask,
 )
 
+# --------------------------------------------------------------------------------------
+# Training with CUDA graphs (ours), from chapters/cuda_graphs.ipynb
+# --------------------------------------------------------------------------------------
 
 BUCKETS = (8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256)
 

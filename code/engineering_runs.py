@@ -4,11 +4,6 @@ GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
 `#| export` in chapters/engineering_runs.ipynb; change the page, then run `python code/export.py`.
 """
 
-
-# --------------------------------------------------------------------------------------
-# Engineering: runs that survive (ours), from chapters/engineering_runs.ipynb
-# --------------------------------------------------------------------------------------
-
 import contextlib
 import copy
 import dataclasses
@@ -58,6 +53,9 @@ from annotated_transformer import (
 from cuda_graphs import GraphedTrainStep, bucketed_batch, bucketed_ids, make_capturable_optimizer
 from fast_decoding import fast_decode_batch
 
+# --------------------------------------------------------------------------------------
+# Engineering: runs that survive (ours), from chapters/engineering_runs.ipynb
+# --------------------------------------------------------------------------------------
 
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
 MULTI30K_SPLITS = {"train": "train", "val": "val", "test2016": "test_2016_flickr"}
@@ -175,13 +173,13 @@ AMP_OF_PRECISION = {"float32": "off", "bfloat16": "bf16", "float16": "fp16"}
 
 def autocast_dtype(amp, device):
     """The autocast dtype that `amp` means on `device` (None: float32 throughout); for
-    "fastest" on a CPU, see faster_precision."""
-    if amp is None or amp == "off":
+    "fastest" on a CPU, see race_precisions."""
+    if amp is None or amp in ("off", "fastest"):  # fastest on a GPU: float32 (TF32)
         return None
     if amp not in AMP_CHOICES:
         raise InputError(f"amp must be one of {', '.join(AMP_CHOICES)}, got {amp!r}")
     device = torch.device(device)
-    if amp in ("auto", "fastest"):
+    if amp == "auto":
         if device.type != "cuda":
             return None
         return torch.bfloat16 if native_bf16(device) else torch.float16
@@ -203,7 +201,7 @@ def native_bf16(device):
         return False
 
 
-def faster_precision(config, corpus, vocab, steps=3):
+def race_precisions(config, corpus, vocab, steps=3):
     """float32 (None) or bfloat16, whichever trains this recipe faster on this CPU: a
     scratch model takes one warm-up and `steps` timed updates in each, on the first
     batches of the run's first epoch (and without native bfloat16, float32 untimed). The
@@ -211,7 +209,8 @@ def faster_precision(config, corpus, vocab, steps=3):
     if not native_bf16("cpu"):
         return None
     plan = epoch_updates(corpus, config, epoch=0)[: steps + 1]
-    batches = [corpus.batch(indices) for indices, *_ in plan]
+    batches = [corpus.batch(indices) for indices, *_ in plan] * (steps + 1)  # a short epoch
+    batches = batches[: steps + 1]  # repeats its batches
     seconds = {}
     with torch.random.fork_rng():
         for amp in (None, torch.bfloat16):
@@ -430,6 +429,16 @@ class RunConfig(TrainConfig):
         eval_every: validation loss and BLEU every this many steps (given validation pairs)
         bleu_sentences: how many validation pairs (the first ones) are translated for BLEU
         log_every: read the loss from the device and log it every this many steps
+        amp: the precision: off (float32; on a GPU with TF32 products), auto (bf16 on GPUs
+            of compute capability 8.0 and up, fp16 with a gradient scaler on older ones,
+            float32 on a CPU), bf16, fp16, or fastest (on a CPU, whichever of float32 and
+            bf16 trains faster, timed when bf16 is native; on a GPU float32, which trained
+            these recipes faster than bf16 on an H100)
+        compile: a torch.compile backend ("inductor" is PyTorch's own) or "off" (eager)
+        cuda_graphs: replay each step as a CUDA graph: one process, uncompiled, not fp16
+            (unset: wherever that holds on a GPU; set on a CPU, the same step runs eagerly)
+        buckets: cut every batch to a few bucketed shapes (unset: on a GPU, where each new
+            shape costs cuDNN's attention a plan and compile a graph)
     """
 
     anneal: float = 0.0
@@ -439,14 +448,23 @@ class RunConfig(TrainConfig):
     eval_every: int = 500
     bleu_sentences: int = 200
     log_every: int = 10
+    amp: str = "off"
+    compile: str = "off"
+    cuda_graphs: bool | None = None
+    buckets: bool | None = None
 
     def rules(self):
+        switch = ("True, False or None (unset)", lambda v: v is None or isinstance(v, bool))
         return super().rules() | {
             "anneal": ("a number in [0, 1]", lambda v: numeric(v) and 0 <= v <= 1),
             "max_seconds": ("a finite number >= 0", lambda v: numeric(v) and 0 <= v < math.inf),
+            "amp": (f"one of {', '.join(AMP_CHOICES)}", lambda v: v in AMP_CHOICES),
+            "compile": ("a torch.compile backend or 'off'", lambda v: v and isinstance(v, str)),
+            "cuda_graphs": switch,
+            "buckets": switch,
         }
 
-    def identity(self):
+    def defining_fields(self):
         """The fields a checkpoint must agree on to be resumed."""
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in RUN_LENGTH_FIELDS}
 
@@ -488,6 +506,7 @@ PROFILES = {
         weight_decay=0.1,
         smoothing=0.1,
         anneal=0.2,
+        amp="fastest",
         max_steps=20_000,
         max_seconds=885.0,
         checkpoint_every=100,
@@ -572,7 +591,7 @@ class RunState:
 
 
 @dataclass
-class RunSetup:
+class RunContext:
     """What stays fixed while a run trains: its recipe, folder, data and processes."""
 
     config: RunConfig
@@ -621,20 +640,20 @@ def time_to_plan(state, config):
     return not state.last_step or config.max_seconds and state.step % config.checkpoint_every == 0
 
 
-def plan_last_step(state, setup):
+def plan_last_step(state, context):
     """Fix the step where an annealed rate reaches 0: max_steps, or with max_seconds the last
     checkpoint that the mean pace so far puts within the budget (rank 0's clock decides for
     all processes)."""
-    config, last = setup.config, setup.config.max_steps
+    config, last = context.config, context.config.max_steps
     if config.max_seconds:
         fits = int(state.step * config.max_seconds / max(state.seconds, 1e-9))
         last = min(last, max(state.step, fits - fits % config.checkpoint_every))
-        if setup.world > 1:
-            last_tensor = torch.tensor(last, device=setup.device)
+        if context.world > 1:
+            last_tensor = torch.tensor(last, device=context.device)
             torch.distributed.broadcast(last_tensor, src=0)
             last = int(last_tensor.item())
     if last != state.last_step:
-        setup.log(f"step {state.step}: the rate will reach 0 at step {last}")
+        context.log(f"step {state.step}: the rate will reach 0 at step {last}")
     set_last_step(state, last)
 
 
@@ -733,10 +752,10 @@ def checkpoint_to_resume(path, config, precision=None, cuda_graphs=False):
     payload = read_checkpoint(path)
     saved = {"checkpoint format": payload.get("format", "<absent>"), **payload["config"]}
     saved["precision"] = payload.get("precision", "<absent>")
-    saved["cuda_graphs"] = payload.get("cuda_graphs", False)
-    wanted = {"checkpoint format": CHECKPOINT_FORMAT, **config.identity()}
+    saved["steps as CUDA graphs"] = payload.get("cuda_graphs", False)
+    wanted = {"checkpoint format": CHECKPOINT_FORMAT, **config.defining_fields()}
     wanted["precision"] = saved["precision"] if precision is None else precision
-    wanted["cuda_graphs"] = cuda_graphs
+    wanted["steps as CUDA graphs"] = cuda_graphs
     differ = differing_fields(saved, wanted)
     if differ:
         hint = ""
@@ -749,17 +768,17 @@ def checkpoint_to_resume(path, config, precision=None, cuda_graphs=False):
     return payload
 
 
-def save_progress(state, setup):
+def save_progress(state, context):
     """Write the snapshot, checkpoint.pt and metrics.json (rank 0; every rank must call)."""
-    rng = gather_rng_states(setup.device, setup.world)
-    if setup.rank == 0:
-        out, config, latest = setup.out, setup.config, state.validation[-1:]
+    rng = gather_rng_states(context.device, context.world)
+    if context.rank == 0:
+        out, config, latest = context.out, context.config, state.validation[-1:]
         weights = {
             "format": CHECKPOINT_FORMAT,
-            "config": config.identity(),
-            "precision": PRECISIONS[setup.amp],
-            "cuda_graphs": setup.cuda_graphs,
-            "tokenizer": setup.tokenizer.to_str(),
+            "config": config.defining_fields(),
+            "precision": PRECISIONS[context.amp],
+            "cuda_graphs": context.cuda_graphs,
+            "tokenizer": context.tokenizer.to_str(),
             "step": state.step,
             "validation": latest[0] if latest and latest[0]["step"] == state.step else None,
             "model": state.model.state_dict(),
@@ -773,31 +792,31 @@ def save_progress(state, setup):
         for name in ("optimizer", "scheduler", "scaler"):
             resumable[name] = getattr(state, name).state_dict()
         save_checkpoint(out / "checkpoint.pt", {**weights, **resumable, "rng": rng})
-        metrics = {"config": config.identity(), "hardware": setup.hardware}
+        metrics = {"config": config.defining_fields(), "hardware": context.hardware}
         metrics |= {"seconds": round(state.seconds, 1), "history": state.history}
         write_json(out / "metrics.json", {**metrics, "validation": state.validation})
-    if setup.world > 1:
+    if context.world > 1:
         torch.distributed.barrier()
 
 
-def resume_or_start(setup, payload):
+def resume_or_start(context, payload):
     """A fresh RunState, or the checkpointed one restored; each rank's own dropout stream."""
-    vocab = setup.tokenizer.get_vocab_size()
-    state = RunState.new(setup.config, vocab, setup.device, setup.amp, setup.cuda_graphs)
+    vocab = context.tokenizer.get_vocab_size()
+    state = RunState.new(context.config, vocab, context.device, context.amp, context.cuda_graphs)
     if payload is not None:
         for name in ("model", "optimizer", "scheduler", "scaler"):
             if payload[name]:  # a float32 or bfloat16 run's scaler saved nothing
                 getattr(state, name).load_state_dict(payload[name])
         for name in ("step", "epoch", "position", "tokens_seen", "seconds", "history"):
             setattr(state, name, payload[name])
-        if setup.config.anneal and state.step >= setup.config.warmup_steps:
-            plan_last_step(state, setup)  # again: max_steps or max_seconds may have changed
+        if context.config.anneal and state.step >= context.config.warmup_steps:
+            plan_last_step(state, context)  # again: max_steps or max_seconds may have changed
         state.validation = payload["validations"]
-        restore_rng_state(payload["rng"], setup.rank, setup.world, setup.device)
-        if setup.rank == 0:
-            setup.log(f"resumed from {setup.out / 'checkpoint.pt'} at step {state.step}")
-    elif setup.rank > 0:
-        torch.manual_seed(setup.config.seed + 1_000_003 * setup.rank)  # its own dropout
+        restore_rng_state(payload["rng"], context.rank, context.world, context.device)
+        if context.rank == 0:
+            context.log(f"resumed from {context.out / 'checkpoint.pt'} at step {state.step}")
+    elif context.rank > 0:
+        torch.manual_seed(context.config.seed + 1_000_003 * context.rank)  # its own dropout
     return state
 
 
@@ -839,22 +858,22 @@ def record_losses(state, pending, world):
     pending.clear()
 
 
-def record_validate_save(state, setup, pending, done=False):
+def record_validate_save(state, context, pending, done=False):
     """Every log_every steps: read the losses; every eval_every steps (with validation
     data): validate; every checkpoint_every steps: save. The last step (`done`) does all
     three."""
-    config = setup.config
-    record_losses(state, pending, setup.world)
-    if setup.val and setup.rank == 0 and (state.step % config.eval_every == 0 or done):
-        figures = validate(state.model, *setup.val, setup.tokenizer)
+    config = context.config
+    record_losses(state, pending, context.world)
+    if context.val and context.rank == 0 and (state.step % config.eval_every == 0 or done):
+        figures = validate(state.model, *context.val, context.tokenizer)
         when = {"step": state.step, "seconds": round(state.seconds, 1)}
         state.validation.append({**when, "tokens_seen": state.tokens_seen, **figures})
-        setup.log(f"step {state.step}: validation {figures}")
+        context.log(f"step {state.step}: validation {figures}")
     if state.step % config.checkpoint_every == 0 or done:
-        save_progress(state, setup)
+        save_progress(state, context)
         last = state.history[-1]
-        if setup.rank == 0:
-            setup.log(
+        if context.rank == 0:
+            context.log(
                 f"step {state.step}: loss {last['loss']:.3f}, nll {last['nll']:.3f}, "
                 f"lr {last['lr']:.2e}, {state.seconds:.0f} s, checkpoint written"
             )
@@ -869,66 +888,67 @@ def epoch_rows(updates, rank, device):
     return rows, [slice(end - len(indices), end) for end, indices in zip(ends, mine)]
 
 
-def train_epoch(state, setup, model, bar, multiple_of=1, runner=None):
+def train_epoch(state, context, model, bar, multiple_of=1, runner=None):
     """The rest of the current epoch, or up to the run's end: max_steps, the step that
     plan_last_step fixed, or max_seconds.
     `model` is state.model, wrapped in DistributedDataParallel under several processes and
     compiled when asked; runner: a GraphedTrainStep that makes the updates instead of
     train_step_amp (one process). Returns whether the run has ended."""
-    config, pending, started = setup.config, [], time.perf_counter()
-    every = [config.log_every, config.checkpoint_every] + [config.eval_every] * bool(setup.val)
-    updates = epoch_updates(setup.corpus, config, state.epoch, setup.world)[state.position :]
-    rows, cuts = epoch_rows(updates, setup.rank, setup.device)
+    config, pending, started = context.config, [], time.perf_counter()
+    every = [config.log_every, config.checkpoint_every] + [config.eval_every] * bool(context.val)
+    updates = epoch_updates(context.corpus, config, state.epoch, context.world)[state.position :]
+    rows, cuts = epoch_rows(updates, context.rank, context.device)
     for group, cut in zip(updates, cuts):
-        ntokens = sum(setup.corpus.target_tokens(indices) for indices in group)  # host lengths
+        ntokens = sum(context.corpus.target_tokens(indices) for indices in group)  # host lengths
         if runner is None:
-            if setup.buckets:  # few shapes: cuDNN's attention and compile plan each once
-                batch = bucketed_batch(setup.corpus, group[setup.rank], rows=rows[cut])
+            if context.buckets:  # few shapes: cuDNN's attention and compile plan each once
+                batch = bucketed_batch(context.corpus, group[context.rank], rows=rows[cut])
             else:
-                batch = cut_batch(setup.corpus, group[setup.rank], multiple_of, rows[cut])
+                batch = cut_batch(context.corpus, group[context.rank], multiple_of, rows[cut])
             lr = state.optimizer.param_groups[0]["lr"]
             optimizers = state.optimizer, state.scheduler, state.scaler
-            share = ntokens / setup.world
-            losses = train_step_amp(model, batch, *optimizers, config.smoothing, share, setup.amp)
+            share = ntokens / context.world
+            losses = train_step_amp(model, batch, *optimizers, config.smoothing, share, context.amp)
         else:  # the rate in the optimizer is a device tensor: the host computes its own copy
             args = config.model.d_model, config.lr_factor, config.warmup_steps, state.last_step
             lr = annealed_rate(state.step + 1, *args, config.anneal)
-            losses = runner(*bucketed_ids(setup.corpus, group[0], rows=rows[cut]), ntokens)
+            losses = runner(*bucketed_ids(context.corpus, group[0], rows=rows[cut]), ntokens)
         pending.append((losses, lr, ntokens))
         state.step, state.position = state.step + 1, state.position + 1
         state.tokens_seen += ntokens
         bar.update()
         done = state.step == (state.last_step or config.max_steps)
         if done or any(state.step % n == 0 for n in every):
-            if torch.device(setup.device).type == "cuda":  # the clock must count the work
-                torch.cuda.synchronize(setup.device)  # still queued, not the host's alone
+            if torch.device(context.device).type == "cuda":  # the clock must count the work
+                torch.cuda.synchronize(context.device)  # still queued, not the host's alone
             state.seconds += time.perf_counter() - started
             if time_to_plan(state, config):
-                plan_last_step(state, setup)
+                plan_last_step(state, context)
                 bar.total = state.last_step
-            done = state.step >= (state.last_step or config.max_steps) or out_of_time(state, setup)
-            record_validate_save(state, setup, pending, done)
+            last = state.last_step or config.max_steps
+            done = state.step >= last or out_of_time(state, context)
+            record_validate_save(state, context, pending, done)
             bar.set_postfix(loss=f"{state.history[-1]['loss']:.3f}")
             started = time.perf_counter()  # validation and saving are not training time
         if done:
             return True
     if pending:
         state.seconds += time.perf_counter() - started
-        record_losses(state, pending, setup.world)
+        record_losses(state, pending, context.world)
     state.epoch, state.position = state.epoch + 1, 0
     return False
 
 
-def out_of_time(state, setup):
+def out_of_time(state, context):
     """At a checkpoint of a run with max_seconds: whether checkpoint_every more steps, at the
     run's mean pace so far, would end past it. Under several processes rank 0's clock
     decides for all, so that they stop together."""
-    config = setup.config
+    config = context.config
     if not config.max_seconds or state.step % config.checkpoint_every:
         return False
     late = state.seconds * (1 + config.checkpoint_every / state.step) > config.max_seconds
-    if setup.world > 1:  # a checkpoint waits for the device anyway
-        flag = torch.tensor(float(late), device=setup.device)
+    if context.world > 1:  # a checkpoint waits for the device anyway
+        flag = torch.tensor(float(late), device=context.device)
         torch.distributed.broadcast(flag, src=0)
         late = bool(flag.item())
     return late
@@ -944,32 +964,25 @@ def train(
     resume=False,
     log=print,
     progress=False,
-    amp=None,
-    compile=False,
-    cuda_graphs=False,
-    buckets=None,
 ):
     """§5: train on (source, target) sentence pairs into out_dir; returns (model,
-    tokenizer, history). With val_pairs, validates every config.eval_every steps. amp is
-    one of AMP_CHOICES; resume=True continues out_dir/checkpoint.pt exactly. Under
-    torchrun, each process trains on its share of every update (DistributedDataParallel)
-    and only rank 0 writes files and logs. compile: True, or the name of a torch.compile
-    backend; cuda_graphs: replay each step as a CUDA graph (one process; on a CPU the same
-    step runs eagerly); buckets: cut every batch to the bucketed shapes of that page (None:
-    on a GPU, where each new shape costs cuDNN's attention a plan and compile a graph)."""
+    tokenizer, history). With val_pairs, validates every config.eval_every steps;
+    resume=True continues out_dir/checkpoint.pt exactly. Under torchrun, each process
+    trains on its share of every update (DistributedDataParallel) and only rank 0 writes
+    files and logs. The config's amp, compile, cuda_graphs and buckets say how the steps
+    run (run_options)."""
     check_device(device)
-    measure = amp == "fastest" and torch.device(device).type == "cpu"
-    amp = None if measure else autocast_dtype(amp, device)
     rank, world = distributed_rank_and_size()
-    check_run(out_dir, train_pairs, cuda_graphs and (compile or world > 1 or amp is torch.float16))
-    out = pathlib.Path(out_dir)
+    amp, cuda_graphs, buckets = run_options(config, device, world)
+    check_run(out_dir, train_pairs)
+    out, measure = pathlib.Path(out_dir), amp == "fastest"
     with RunFolder(out, resume, owner=rank == 0), tf32_matmuls(device):
         precision, path = None if measure else PRECISIONS[amp], out / "checkpoint.pt"
         payload = checkpoint_to_resume(path, config, precision, cuda_graphs) if resume else None
         tokenizer = tokenizer_for_run(config, train_pairs, out, tokenizer, payload, rank, world)
         corpus = EncodedCorpus.from_pairs(train_pairs, tokenizer)
         if measure:
-            amp = fastest_precision(config, corpus, tokenizer.get_vocab_size(), payload, log)
+            amp = resolve_fastest(config, corpus, tokenizer.get_vocab_size(), payload, log)
         val = None
         if val_pairs:
             val_corpus = corpus_on(EncodedCorpus.from_pairs(val_pairs, tokenizer), device)
@@ -977,24 +990,45 @@ def train(
         corpus = corpus_on(corpus, device)
         where = out, tokenizer, corpus, val, device, amp, rank, world, log
         machine = f"{world} x " * (world > 1) + hardware_description(device)
-        buckets = torch.device(device).type == "cuda" if buckets is None else buckets
-        setup = RunSetup(config, *where, cuda_graphs, buckets, f"{machine}, {PRECISIONS[amp]}")
-        state = resume_or_start(setup, payload)  # before any capture: graphs keep addresses
+        context = RunContext(config, *where, cuda_graphs, buckets, f"{machine}, {PRECISIONS[amp]}")
+        if rank == 0:
+            log(f"on {context.hardware}; steps as CUDA graphs {cuda_graphs}, buckets {buckets}")
+        state = resume_or_start(context, payload)  # before any capture: graphs keep addresses
         step_parts = state.model, state.optimizer, state.scheduler, config.smoothing, amp
         runner = GraphedTrainStep(*step_parts) if cuda_graphs else None
         model = DistributedModel(state.model) if world > 1 else state.model
-        if compile:  # True: PyTorch's default compiler; a string names another backend
-            model = torch.compile(model, **({} if compile is True else {"backend": compile}))
+        compiled = config.compile != "off"
+        if compiled:
+            model = torch.compile(model, backend=config.compile)
         last = state.last_step or config.max_steps
         bar = tqdm(total=last, initial=state.step, unit="step", disable=not progress or rank)
         ended = state.step >= last
         while not ended:
-            ended = train_epoch(state, setup, model, bar, 8 if compile else 1, runner)
+            ended = train_epoch(state, context, model, bar, 8 if compiled else 1, runner)
         bar.close()
     return state.model, tokenizer, state.history
 
 
-def check_run(out_dir, train_pairs, graphs_refused):
+def run_options(config, device, world):
+    """(amp, cuda_graphs, buckets) as a run of `config` on `device` with `world` processes
+    uses them: amp an autocast dtype, None (float32) or "fastest" (on a CPU, to be timed);
+    an unset cuda_graphs on for one uncompiled GPU process not in float16, unset buckets on
+    a GPU. Graphs asked for where they cannot run are refused."""
+    on_gpu = torch.device(device).type == "cuda"
+    fastest = config.amp == "fastest" and not on_gpu
+    amp = "fastest" if fastest else autocast_dtype(config.amp, device)
+    graphs_fit = world == 1 and config.compile == "off" and amp is not torch.float16
+    if config.cuda_graphs and not graphs_fit:
+        raise InputError(
+            "cuda_graphs=True captures the step of one process, uncompiled, in float32 or "
+            "bfloat16: drop compile, run one process, and use amp='bf16' or 'off' (float16 "
+            "needs a gradient scaler, which reads the device at every step)"
+        )
+    graphs = on_gpu and graphs_fit if config.cuda_graphs is None else config.cuda_graphs
+    return amp, graphs, on_gpu if config.buckets is None else config.buckets
+
+
+def check_run(out_dir, train_pairs):
     """Refuse what train cannot do, before anything is written."""
     if str(out_dir).strip() in ("", "."):  # pathlib.Path("") is "." too
         raise InputError(
@@ -1003,22 +1037,16 @@ def check_run(out_dir, train_pairs, graphs_refused):
         )
     if not train_pairs:
         raise InputError("train_pairs is empty: pass (source, target) sentence pairs")
-    if graphs_refused:
-        raise InputError(
-            "cuda_graphs=True captures the step of one process, uncompiled, in float32 or "
-            "bfloat16: drop compile, run one process, and use amp='bf16' or 'off' (float16 "
-            "needs a gradient scaler, which reads the device at every step)"
-        )
 
 
-def fastest_precision(config, corpus, vocab, payload, log):
+def resolve_fastest(config, corpus, vocab, payload, log):
     """amp="fastest" on a CPU: the checkpoint's precision when resuming (a run keeps the
-    precision it was measured to need), else faster_precision's; logged with the reason."""
+    precision it was measured to need), else race_precisions' answer; logged with the reason."""
     if payload:
         names = {name: dtype for dtype, name in PRECISIONS.items()}
         amp, how = names[payload["precision"]], "the checkpoint"
     else:
-        amp = faster_precision(config, corpus, vocab)
+        amp = race_precisions(config, corpus, vocab)
         how = "timed: the faster here" if native_bf16("cpu") else "bfloat16 is emulated here"
     log(f"amp fastest: {PRECISIONS[amp]} ({how})")
     return amp

@@ -4,7 +4,8 @@ exactly `#| export`, in _toc.yml order, and re-execute chapters.
 The paper's pages (the first part of _toc.yml) build one module, code/annotated_transformer.py.
 Every other page with exported cells builds a module of its own, named after the page
 (chapters/fast_decoding.ipynb -> code/fast_decoding.py); such a module imports the paper's,
-never the other way round.
+never the other way round. The imports of a module's cells are gathered into one block at
+its top (isort's order), so that a chapter can import what its own code needs.
 
     python code/export.py           # regenerate the modules
     python code/export.py --check   # exit 1, with a diff, if a module is out of date
@@ -132,20 +133,79 @@ def _title(notebook_path):
     return notebook_path.stem
 
 
-def _section(path, root):
+def split_imports(body):
+    """(the cell's import statements, the rest of its source): a module gathers the
+    imports of all its cells into one block at its top."""
+    lines = body.splitlines()
+    nodes = [n for n in ast.parse(body).body if isinstance(n, ast.Import | ast.ImportFrom)]
+    imports = [ast.get_source_segment(body, node) for node in nodes]
+    for node in reversed(nodes):
+        del lines[node.lineno - 1 : node.end_lineno]
+    return imports, "\n".join(lines).strip("\n")
+
+
+def _import_section(module, first_party):
+    top = module.split(".")[0]
+    return 2 if top in first_party else 0 if top in sys.stdlib_module_names else 1
+
+
+def _name_order(name):
+    """ruff's isort order inside `from m import ...`: CONSTANTS, Classes, functions."""
+    bare = name.split(" as ")[0]
+    kind = 0 if bare.isupper() else 1 if bare[:1].isupper() else 2
+    return kind, bare.lower(), bare
+
+
+def import_block(statements, first_party):
+    """One isort-ordered block (standard library, third party, first party; in each, plain
+    imports before from-imports) of the given import statements, duplicates merged."""
+    plain, named = set(), {}
+    for statement in statements:
+        for node in ast.parse(statement).body:
+            if isinstance(node, ast.Import):
+                plain.update(
+                    (a.name, f"import {a.name}" + (f" as {a.asname}" if a.asname else ""))
+                    for a in node.names
+                )
+            else:
+                names = named.setdefault(node.module, set())
+                names.update(a.name + (f" as {a.asname}" if a.asname else "") for a in node.names)
+    sections = [[], [], []]
+    for module, line in sorted(plain, key=lambda item: (item[0].lower(), item[1])):
+        sections[_import_section(module, first_party)].append(line)
+    for module in sorted(named, key=str.lower):
+        names = sorted(named[module], key=_name_order)
+        line = f"from {module} import {', '.join(names)}"
+        if len(line) > 100:
+            line = f"from {module} import (\n" + "".join(f"    {n},\n" for n in names) + ")"
+        sections[_import_section(module, first_party)].append(line)
+    return "\n\n".join("\n".join(lines) for lines in sections if lines)
+
+
+def _section(path, root, imports):
     banner = f"# {'-' * 86}\n# {_title(path)}, from {path.relative_to(root)}\n# {'-' * 86}"
-    body = "\n\n\n".join(body for _, body in exported_cells(path))
-    return "\n\n" + banner + "\n\n" + body + "\n"
+    bodies = []
+    for _, body in exported_cells(path):
+        found, rest = split_imports(body)
+        imports += found
+        if rest:
+            bodies.append(rest)
+    return "\n\n" + banner + "\n\n" + "\n\n\n".join(bodies) + "\n"
+
+
+def _module(header, paths, root):
+    imports = []
+    sections = "".join(_section(path, root, imports) for path in paths)
+    first_party = {p.stem for p in (root / "code").glob("*.py")} | {MODULE.stem}
+    # one blank line between the imports and the first banner, as isort sets it
+    return header + "\n" + import_block(imports, first_party) + "\n" + sections[1:]
 
 
 def generate(root=ROOT):
-    """The paper's module, built from the exported cells of the paper's pages."""
-    text = HEADER
-    for file in paper_files(root):
-        path = root / f"{file}.ipynb"
-        if path.exists() and exported_cells(path):
-            text += _section(path, root)
-    return text
+    """The paper's module, built from the exported cells of the paper's pages, with the
+    imports of all of them in one block at the top."""
+    paths = [root / f"{file}.ipynb" for file in paper_files(root)]
+    return _module(HEADER, [p for p in paths if p.exists() and exported_cells(p)], root)
 
 
 def generate_all(root=ROOT):
@@ -157,7 +217,7 @@ def generate_all(root=ROOT):
         if file in paper or not path.exists() or not exported_cells(path):
             continue
         header = PAGE_HEADER.format(title=_title(path), page=path.stem)
-        modules[root / "code" / f"{path.stem}.py"] = header + _section(path, root)
+        modules[root / "code" / f"{path.stem}.py"] = _module(header, [path], root)
     return modules
 
 

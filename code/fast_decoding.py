@@ -4,11 +4,6 @@ GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
 `#| export` in chapters/fast_decoding.ipynb; change the page, then run `python code/export.py`.
 """
 
-
-# --------------------------------------------------------------------------------------
-# Fast decoding (ours), from chapters/fast_decoding.ipynb
-# --------------------------------------------------------------------------------------
-
 import torch
 
 from annotated_transformer import (
@@ -22,6 +17,9 @@ from annotated_transformer import (
     positive_int,
 )
 
+# --------------------------------------------------------------------------------------
+# Fast decoding (ours), from chapters/fast_decoding.ipynb
+# --------------------------------------------------------------------------------------
 
 def best_extensions(scores, log_probs, k):
     """The 2k best one-token extensions of each sentence's hypotheses (scores (batch, rows),
@@ -35,7 +33,7 @@ def best_extensions(scores, log_probs, k):
 
 def sort_candidates(top_scores, ends, done, k):
     """Walk down each sentence's candidates, best first, until k go on: those that end on
-    the way (the end symbol, or the length limit) finish. -> kept, finishing (batch, 2k)."""
+    the way (the end symbol, or the length limit) finish. -> in_beam, finishing (batch, 2k)."""
     valid = (top_scores != float("-inf")) & ~done.unsqueeze(1)
     going_on = valid & ~ends
     better_going_on = going_on.cumsum(dim=-1) - going_on.long()
@@ -70,8 +68,9 @@ class FinishedHypotheses:
 
 
 def fill_slots(slot, top_scores, tokens, rows, unchanged):
-    """The next beam: kept candidate i goes to row slot[i] of its sentence's k (k: not kept);
-    a row nothing fills keeps its unchanged prefix, scored -inf. -> scores, tokens, rows."""
+    """The next beam: candidate i goes to row slot[i] of its sentence's k (k: not in the
+    beam); a row nothing fills keeps its unchanged prefix, scored -inf. -> scores, tokens,
+    rows."""
     k = unchanged.size(1) - 1
     scores = top_scores.new_full((slot.size(0), k + 1), float("-inf")).scatter(1, slot, top_scores)
     new_tokens = torch.full_like(unchanged, PAD_ID).scatter(1, slot, tokens)
@@ -92,9 +91,9 @@ class PrefixDecoder:
         memory, src_mask = (x.repeat_interleave(group, 0) for x in (self.memory, self.src_mask))
         return next_log_probs(self.model, memory, src_mask, ys)
 
-    def slots(self, kept, parent, k):
-        """Rows for beam search's kept candidates: rank order (this decoder keeps no rows)."""
-        return torch.where(kept, kept.cumsum(-1) - 1, k)
+    def slots(self, in_beam, parent, k):
+        """Rows for the candidates in the beam: rank order (this decoder keeps no rows)."""
+        return torch.where(in_beam, in_beam.cumsum(-1) - 1, k)
 
     def follow(self, rows, moved):
         """Nothing to move: ys holds the prefixes, and every step reads them again."""
@@ -153,13 +152,13 @@ def fast_beam_search(
         first_row = torch.arange(batch, device=device).unsqueeze(1) * per_sentence
         rows = first_row + parent  # the row of ys each candidate extends
         ends = (tokens == end_symbol) | (length >= limits).unsqueeze(1)
-        kept, finishing = sort_candidates(top_scores, ends, done, k)
+        in_beam, finishing = sort_candidates(top_scores, ends, done, k)
         finished.add(ys, rows, top_scores, tokens, finishing, alpha)
-        slot = decoder.slots(kept, parent, k)
+        slot = decoder.slots(in_beam, parent, k)
         unchanged = first_row + torch.arange(k + 1, device=device).clamp(max=per_sentence - 1)
         scores, new_tokens, new_rows = fill_slots(slot, top_scores, tokens, rows, unchanged)
         # log P only falls as a hypothesis grows, and lp is largest at the length limit
-        done |= ~kept.any(dim=-1) | (finished.score >= scores.max(-1).values / limit_penalty)
+        done |= ~in_beam.any(dim=-1) | (finished.score >= scores.max(-1).values / limit_penalty)
         # the step's one wait for the device: is every sentence done, and which rows moved
         moved = new_rows != torch.arange(new_rows.numel(), device=device)
         all_done, *moved = torch.cat([done.all().view(1), moved]).tolist()
@@ -211,8 +210,8 @@ class AttentionCache:
 
     def copy_rows(self, source, target):
         """Copy row source[i] over row target[i], in place; no target may be a source."""
-        for kept in (self.keys, self.values):
-            kept.index_copy_(0, target, kept.index_select(0, source))
+        for buffer in (self.keys, self.values):
+            buffer.index_copy_(0, target, buffer.index_select(0, source))
 
 
 def grouped_attention(attn, x, key, value, mask=None):
@@ -231,9 +230,9 @@ def grouped_attention(attn, x, key, value, mask=None):
     return attn.w_o(out.transpose(1, 2).reshape(-1, 1, attn.h * attn.d_v))
 
 
-def decoder_layer_step(layer, x, kept, memory_keys, memory_values, src_mask):
+def decoder_layer_step(layer, x, self_cache, memory_keys, memory_values, src_mask):
     """DecoderLayer.forward for one new position per row, x (rows, 1, d_model), with its
-    caches: kept, the AttentionCache of its masked self-attention; the memory's keys and
+    caches: self_cache, the AttentionCache of its masked self-attention; the memory's keys and
     values, projected once (one row per sentence)."""
 
     def self_attention(x):
@@ -242,7 +241,7 @@ def decoder_layer_step(layer, x, kept, memory_keys, memory_values, src_mask):
             attn.split_heads(attn.w_k(x), attn.d_k),
             attn.split_heads(attn.w_v(x), attn.d_v),
         )
-        return grouped_attention(attn, x, *kept.append(key, value))
+        return grouped_attention(attn, x, *self_cache.append(key, value))
 
     x = layer.sublayer[0](x, self_attention)
     x = layer.sublayer[1](
@@ -257,8 +256,8 @@ def decode_step(model, tokens, cache):
     position cache.length; returns the next token's log-probabilities (rows, vocab)."""
     embed, position = model.tgt_embed
     x = position(embed(tokens), offset=cache.length)
-    for layer, kept, (key, value) in zip(model.decoder.layers, cache.self_attn, cache.memory):
-        x = decoder_layer_step(layer, x, kept, key, value, cache.src_mask)
+    for layer, self_cache, (key, value) in zip(model.decoder.layers, cache.self_attn, cache.memory):
+        x = decoder_layer_step(layer, x, self_cache, key, value, cache.src_mask)
     cache.length += 1
     return model.generator(model.decoder.norm(x)[:, -1])
 
@@ -283,37 +282,37 @@ class KeyValueCache:
         """The next token's log-probabilities after ys (rows, t): ys' last token is new."""
         return decode_step(self.model, ys[:, -1:], self)
 
-    def slots(self, kept, parent, k):
-        return beam_slots(kept, parent, k)
+    def slots(self, in_beam, parent, k):
+        return beam_slots(in_beam, parent, k)
 
     def follow(self, rows, moved):
         """Row j of the self-attention caches takes what row rows[j] held, after a step of
         beam search; moved[j]: whether rows[j] != j. The first step widens one row per
         sentence to k; later ones copy only the rows that moved."""
         if rows.numel() != self.self_attn[0].keys.size(0):
-            for kept in self.self_attn:
-                kept.reorder(rows)
+            for self_cache in self.self_attn:
+                self_cache.reorder(rows)
             return
         target = [j for j, m in enumerate(moved) if m]
         target = torch.tensor(target, dtype=torch.long, device=rows.device)
-        for kept in self.self_attn:
-            kept.copy_rows(rows[target], target)
+        for self_cache in self.self_attn:
+            self_cache.copy_rows(rows[target], target)
 
 
-def beam_slots(kept, parent, k):
-    """Fast decoding: where beam search puts the candidates it keeps. kept (batch, c) bool
+def beam_slots(in_beam, parent, k):
+    """Fast decoding: where beam search puts the candidates it keeps. in_beam (batch, c) bool
     over each sentence's candidates, best first; parent (batch, c), the row in 0..k-1 of
-    its sentence that each extends. A parent's first kept extension takes over the parent's
+    its sentence that each extends. A parent's first extension in the beam takes over the parent's
     own row, so its cached keys and values stay where they are; further extensions of the
     same parent take, in order, the rows of hypotheses that nothing extends, and only those
-    rows are copied. Returns slot (batch, c) in 0..k-1, or k where not kept."""
-    c = kept.size(-1)
-    earlier = torch.ones(c, c, dtype=torch.bool, device=kept.device).tril(-1)  # j ranks above i
-    sibling = (parent.unsqueeze(-1) == parent.unsqueeze(-2)) & kept.unsqueeze(-2) & earlier
-    first = kept & ~sibling.any(dim=-1)  # the best kept extension of its parent
-    extra = kept & ~first
-    rows = torch.arange(k, device=kept.device)
-    extended = ((parent.unsqueeze(-1) == rows) & kept.unsqueeze(-1)).any(dim=1)  # (batch, k)
+    rows are copied. Returns slot (batch, c) in 0..k-1, or k where not in the beam."""
+    c = in_beam.size(-1)
+    earlier = torch.ones(c, c, dtype=torch.bool, device=in_beam.device).tril(-1)  # j ranks above i
+    sibling = (parent.unsqueeze(-1) == parent.unsqueeze(-2)) & in_beam.unsqueeze(-2) & earlier
+    first = in_beam & ~sibling.any(dim=-1)  # the best extension in the beam of its parent
+    extra = in_beam & ~first
+    rows = torch.arange(k, device=in_beam.device)
+    extended = ((parent.unsqueeze(-1) == rows) & in_beam.unsqueeze(-1)).any(dim=1)  # (batch, k)
     free = torch.where(extended, k, rows).sort(dim=-1).values  # rows nothing extends, first
     extra_slot = free.gather(1, (extra.cumsum(dim=-1) - 1).clamp(min=0))
     return torch.where(first, parent, torch.where(extra, extra_slot, k))

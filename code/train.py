@@ -3,13 +3,16 @@
     python code/train.py --profile quick --out runs/quick          # 2 CPU cores, a few minutes
     python code/train.py --out runs/multi30k       # the book's translator (profile multi30k)
     python code/train.py --out runs/multi30k --device cuda   # one GPU: CUDA graphs, TF32
+    python code/train.py --out runs/multi30k --device cuda --amp bf16 --no-cuda-graphs
     python code/train.py --profile quick --out runs/quick --max-steps 600 --resume
     torchrun --nproc-per-node 8 code/train.py --profile base --out runs/base   # 8 GPUs
 
-Every field of the recipe (TrainConfig) and of the architecture (ModelConfig) is a flag,
-generated from the dataclasses, which overrides the profile: --d-model 256, --dropout 0.2,
---pre-norm, ... (see --help). --max-tokens is the batch of one update, padding included,
-summed over all processes: under torchrun each of W processes takes max_tokens / W.
+Every field of the run (RunConfig: the recipe, how long it runs, its precision, compile and
+CUDA graphs) and of the architecture (ModelConfig) is a flag, generated from the
+dataclasses, which overrides the profile: --d-model 256, --dropout 0.2, --pre-norm,
+--amp bf16, --compile inductor, ... (see --help). --max-tokens is the batch of one update,
+padding included, summed over all processes: under torchrun each of W processes takes
+max_tokens / W.
 
 Writes OUT/checkpoint.pt (every --checkpoint-every steps and at the end, atomically, all
 that is needed to resume), the weight snapshots OUT/checkpoint-<step>.pt (the last
@@ -53,51 +56,11 @@ def parse_args(argv=None):
     )
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     parser.add_argument(
-        "--amp",
-        choices=eng.AMP_CHOICES,
-        default=None,
-        help="mixed precision: auto = bf16 on GPUs of compute capability 8.0 and up, fp16 with "
-        "a gradient scaler on older GPUs, float32 on a CPU; fastest = auto on a GPU, and on a "
-        "CPU with native bf16 whichever of float32 and bf16 trains faster (default: off on a "
-        "GPU, where float32 with TF32 products was the fastest measured; fastest for the fast "
-        "profile on a CPU, off for the others)",
-    )
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
-    parser.add_argument(
-        "--cuda-graphs",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="replay each step as a CUDA graph, one per batch shape (one GPU, float32 or bf16; "
-        "on a CPU the same step runs eagerly; default: on for one GPU without --compile, off "
-        "otherwise)",
-    )
-    parser.add_argument(
-        "--buckets",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="cut every batch to a few bucketed shapes (default: on a GPU, where each new shape "
-        "costs cuDNN's attention a plan and --compile a graph)",
-    )
-    parser.add_argument(
         "--no-validation", action="store_true", help="skip validation during training"
     )
     cli.add_device_flag(parser)
     cli.add_config_flags(parser)
     return parser.parse_args(argv)
-
-
-def run_options(args, device, world):
-    """(amp, cuda_graphs): the flags as given, else the fastest path measured for these
-    recipes. On a GPU: float32 (TF32 products where the GPU has them), every step replayed
-    as a CUDA graph when one process trains uncompiled (graphs cannot hold float16's
-    scaler). On a CPU: the fast profile races the clock (fastest), the others run float32."""
-    on_gpu = torch.device(device).type == "cuda"
-    amp = args.amp or ("fastest" if args.profile == "fast" and not on_gpu else "off")
-    graphs = args.cuda_graphs
-    if graphs is None:
-        half = eng.autocast_dtype(amp, device) == torch.float16
-        graphs = on_gpu and world == 1 and not args.compile and not half
-    return amp, graphs
 
 
 def config_from_args(args):
@@ -126,15 +89,13 @@ def main(argv=None):
     device = start_distributed(args.device)
     rank, world = eng.distributed_rank_and_size()
     # only rank 0 writes the log; tqdm.write puts a message above the progress bar
-    amp, graphs = run_options(args, device, world)
     with cli.log_to(args.out / "train.log" if rank == 0 else None, echo=tqdm.write) as log:
         if rank == 0:
             log(
                 f"training {args.profile} on {len(pairs)} pairs, {world} "
                 f"process{'es' * (world != 1)} of "
                 f"{config.max_tokens // world} tokens a side (global batch {config.max_tokens}), "
-                f"device {device}, amp {amp}, compile {args.compile}, CUDA graphs {graphs}: "
-                f"{config}"
+                f"device {device}: {config}"
             )
         try:
             eng.train(
@@ -146,10 +107,6 @@ def main(argv=None):
                 resume=args.resume,
                 log=log,
                 progress=True,
-                amp=amp,
-                compile=args.compile,
-                cuda_graphs=graphs,
-                buckets=args.buckets,
             )
         finally:
             if world > 1:

@@ -217,7 +217,7 @@ def test_graphs_replay_the_steps_train_step_makes():
         assert (a - b).abs().max().item() < 1e-4
 
 
-def shapes_of_an_epoch(tmp_path, monkeypatch, buckets, compile=False):
+def shapes_of_an_epoch(tmp_path, monkeypatch, buckets, compile="off"):
     """The (source, target) batch shapes that train's eager step meets over the first epoch
     of a toy run whose sentences have many lengths."""
     seen, step = [], eng.train_step_amp
@@ -231,15 +231,10 @@ def shapes_of_an_epoch(tmp_path, monkeypatch, buckets, compile=False):
     epoch = len(
         eng.epoch_updates(at.EncodedCorpus.from_pairs(pairs, train_bpe(pairs, 200)), TINY, 0)
     )
-    config = dataclasses.replace(TINY, max_steps=epoch, checkpoint_every=epoch)
-    eng.train(
-        config,
-        pairs,
-        tmp_path / f"run{buckets}{compile}",
-        log=quiet,
-        buckets=buckets,
-        compile=compile,
+    config = dataclasses.replace(
+        TINY, max_steps=epoch, checkpoint_every=epoch, buckets=buckets, compile=compile
     )
+    eng.train(config, pairs, tmp_path / f"run{buckets}{compile}", log=quiet)
     return seen
 
 

@@ -210,3 +210,27 @@ def test_stored_notebooks_keep_tags_and_alt_text_and_nothing_else():
     assert dict(tidied.cells[0].metadata) == {"tags": ["nbval-ignore-output"], "mystnb": alt}
     assert dict(tidied.cells[1].metadata) == {}
     assert "widgets" not in tidied.metadata
+
+
+def test_each_generated_module_has_one_import_block_at_its_top():
+    for path, text in export.generate_all().items():
+        body = ast.parse(text).body[1:]  # after the module's docstring
+        is_import = [isinstance(node, ast.Import | ast.ImportFrom) for node in body]
+        assert is_import == sorted(is_import, reverse=True), path  # imports first, none later
+
+
+def test_the_import_block_merges_and_orders_as_isort_does():
+    statements = [
+        "import torch",
+        "from dataclasses import replace",
+        "import math",
+        "from annotated_transformer import rate, BASE, Batch",
+        "from dataclasses import dataclass",
+        "import torch.nn.functional as F",
+        "import math",
+    ]
+    assert export.import_block(statements, {"annotated_transformer"}) == (
+        "import math\nfrom dataclasses import dataclass, replace\n\n"
+        "import torch\nimport torch.nn.functional as F\n\n"
+        "from annotated_transformer import BASE, Batch, rate"
+    )

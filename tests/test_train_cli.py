@@ -50,7 +50,7 @@ def test_every_config_field_is_a_flag_that_parses():
     for field in dataclasses.fields(eng.RunConfig) + dataclasses.fields(at.ModelConfig):
         if field.name == "model":
             continue
-        kind = int if field.type == int | None else field.type  # d_k, d_v: None = d_model / h
+        kind = {int | None: int, bool | None: bool}.get(field.type, field.type)  # None: unset
         flag = "--" + field.name.replace("_", "-")
         args = train.parse_args(["--out", "x", flag, *given[kind]])
         assert getattr(args, field.name) == parsed[kind], field.name
@@ -266,16 +266,25 @@ def test_on_any_gpu_the_default_is_float32_with_cuda_graphs_for_one_process(
 
     def options(*flags, world=1, device="cuda", profile="multi30k"):
         args = train.parse_args(["--out", str(tmp_path), "--profile", profile, *flags])
-        return train.run_options(args, device, world)
+        return eng.run_options(train.config_from_args(args), device, world)
 
-    assert options() == ("off", True)
-    assert options(profile="fast") == ("off", True)  # a GPU does not race the CPU's clock
-    assert options(world=2) == ("off", False)  # graphs hold one process's step
-    assert options("--compile") == ("off", False)
-    assert options("--no-cuda-graphs") == ("off", False)
-    # auto: bf16 from compute capability 8.0, which graphs hold; fp16 below, which they cannot
-    assert options("--amp", "auto") == ("auto", capability >= (8, 0))
-    assert options("--amp", "bf16", "--cuda-graphs") == ("bf16", True)
-    # on a CPU: eager, the fast profile racing the clock, the others in float32
-    assert options(device="cpu") == ("off", False)
-    assert options(device="cpu", profile="fast") == ("fastest", False)
+    float16 = capability < (8, 0)  # auto: bf16 from compute capability 8.0, fp16 below
+    assert options() == (None, True, True)
+    assert options(profile="fast") == (None, True, True)  # a GPU does not race the CPU's clock
+    assert options(world=2) == (None, False, True)  # graphs hold one process's step
+    assert options("--compile", "inductor") == (None, False, True)
+    assert options("--no-cuda-graphs", "--no-buckets") == (None, False, False)
+    auto = torch.float16 if float16 else torch.bfloat16
+    assert options("--amp", "auto") == (auto, not float16, True)  # graphs cannot hold fp16
+    assert options("--amp", "bf16", "--cuda-graphs") == (torch.bfloat16, True, True)
+    # on a CPU: eager and unbucketed, the fast profile racing the clock, the others float32
+    assert options(device="cpu") == (None, False, False)
+    assert options(device="cpu", profile="fast") == ("fastest", False, False)
+    assert options("--cuda-graphs", "--buckets", device="cpu") == (None, True, True)
+    with pytest.raises(at.InputError, match="drop compile"):
+        options("--cuda-graphs", "--compile", "inductor")
+
+
+def test_a_run_option_the_config_refuses_exits_2_naming_it(tmp_path, capsys):
+    line = exits_2_with_one_line(capsys, train.main, ["--out", str(tmp_path), "--amp", "half"])
+    assert "amp must be one of auto, bf16, fp16, off, fastest, got 'half'" in line

@@ -198,7 +198,7 @@ def test_n_steps_then_resume_to_2n_equals_2n_straight(tmp_path):
 def test_run_writes_checkpoint_tokenizer_and_metrics(tmp_path):
     eng.train(TINY, toy_pairs(), tmp_path, log=quiet)
     checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
-    assert checkpoint["step"] == 6 and checkpoint["config"] == TINY.identity()
+    assert checkpoint["step"] == 6 and checkpoint["config"] == TINY.defining_fields()
     tokenizer = at.load_tokenizer(tmp_path / "tokenizer.json")
     assert checkpoint["tokenizer"] == tokenizer.to_str()  # a checkpoint is self-contained
     assert tokenizer.get_vocab_size() <= 200
@@ -335,8 +335,8 @@ def test_the_plan_ends_at_the_last_checkpoint_that_the_warmup_pace_fits(tmp_path
         config = dataclasses.replace(config, max_seconds=max_seconds)
         state = eng.RunState.new(config, 50)
         state.step, state.seconds = 400, seconds
-        setup = SimpleNamespace(config=config, world=world, device="cpu", log=quiet)
-        eng.plan_last_step(state, setup)
+        context = SimpleNamespace(config=config, world=world, device="cpu", log=quiet)
+        eng.plan_last_step(state, context)
         assert state.scheduler.lr_lambdas[0].last_step == state.last_step
         return state.last_step
 
@@ -419,7 +419,8 @@ def test_only_the_last_keep_checkpoints_snapshots_are_kept(tmp_path):
 def test_bf16_autocast_trains_close_to_float32(tmp_path):
     runs = {}
     for amp in (None, "bf16"):
-        _, _, history = eng.train(TINY, toy_pairs(), tmp_path / str(amp), log=quiet, amp=amp)
+        config = dataclasses.replace(TINY, amp=amp or "off")
+        _, _, history = eng.train(config, toy_pairs(), tmp_path / str(amp), log=quiet)
         runs[amp] = [h["loss"] for h in history]
     assert runs[None] != runs["bf16"]  # autocast really changed the arithmetic
     assert max(abs(a - b) for a, b in zip(runs[None], runs["bf16"])) < 0.1
@@ -436,10 +437,9 @@ torch.distributed.init_process_group("gloo")
 rank = torch.distributed.get_rank()
 config = eng.RunConfig(**{config!r})
 pairs = json.load(open({pairs!r}))
-for steps, out, resume, *extra in {plan!r}:  # extra: train()'s other arguments
-    config = eng.apply_changes(config, {{"max_steps": steps}})
-    model, _, history = eng.train(config, pairs, out, resume=resume, log=lambda m: None,
-                                 **(extra[0] if extra else {{}}))
+for steps, out, resume, *extra in {plan!r}:  # extra: other changes to the config
+    config = eng.apply_changes(config, {{"max_steps": steps, **(extra[0] if extra else {{}})}})
+    model, _, history = eng.train(config, pairs, out, resume=resume, log=lambda m: None)
     torch.save({{"model": model.state_dict(), "history": history, "rng": torch.get_rng_state()}},
                f"{{out}}/rank{{rank}}-{{steps}}.pt")
 torch.distributed.destroy_process_group()
@@ -533,8 +533,9 @@ def test_a_float32_run_resumes_in_float32_and_not_in_float16(tmp_path):
     eng.train(TINY, toy_pairs(), tmp_path, log=quiet)  # its gradient scaler saved nothing
     more = dataclasses.replace(TINY, max_steps=8)
     with pytest.raises(ValueError, match=r"precision: 'float32' -> 'float16'.*amp='off'"):
-        eng.train(more, toy_pairs(), tmp_path, resume=True, log=quiet, amp="fp16")
-    _, _, history = eng.train(more, toy_pairs(), tmp_path, resume=True, log=quiet, amp="off")
+        eng.train(dataclasses.replace(more, amp="fp16"), toy_pairs(), tmp_path, resume=True,
+                  log=quiet)  # fmt: skip
+    _, _, history = eng.train(more, toy_pairs(), tmp_path, resume=True, log=quiet)
     assert [h["step"] for h in history] == list(range(1, 9))
 
 
@@ -630,7 +631,7 @@ def test_compiled_step_equals_eager_within_tolerance():
         TINY, vocab_size=40, model=dataclasses.replace(TINY.model, dropout=0.0)
     )
     runs = [eng.RunState.new(config, 40) for _ in range(2)]
-    compiled = torch.compile(runs[1].model)  # the model, as train(compile=True) does
+    compiled = torch.compile(runs[1].model)  # the model, as a run with compile set does
     assert eng.unwrap(compiled) is runs[1].model
     for step in range(3):
         batch = tiny_batch(seed=step)
@@ -709,7 +710,7 @@ def test_amp_auto_picks_bf16_only_where_the_gpu_computes_in_it(capability, expec
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     assert eng.autocast_dtype("auto", "cuda:1") is expected
     assert asked == [torch.device("cuda:1")]  # the training device, not the current one
-    assert eng.autocast_dtype("fastest", "cuda:1") is expected
+    assert eng.autocast_dtype("fastest", "cuda:1") is None  # float32 (TF32) was faster
     assert eng.autocast_dtype("auto", "cpu") is None
 
 
@@ -750,20 +751,23 @@ def test_the_schedule_does_not_advance_when_the_fp16_scaler_skips_an_update():
 def test_a_resume_in_another_precision_is_refused_and_fastest_keeps_the_saved_one(
     tmp_path, monkeypatch
 ):
-    eng.train(TINY, toy_pairs(), tmp_path, log=quiet, amp="bf16")
-    more = dataclasses.replace(TINY, max_steps=8)
-    with pytest.raises(ValueError, match=r"precision: 'bfloat16' -> 'float32'.*amp='bf16'"):
-        eng.train(more, toy_pairs(), tmp_path, resume=True, log=quiet)
+    monkeypatch.setattr(eng, "race_precisions", lambda *args: torch.bfloat16)
+    fastest = dataclasses.replace(TINY, amp="fastest")
+    eng.train(fastest, toy_pairs(), tmp_path, log=quiet)
     checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert checkpoint["precision"] == "bfloat16"
+    more = dataclasses.replace(fastest, max_steps=8)
+    with pytest.raises(ValueError, match=r"amp: 'fastest' -> 'off'.*precision: 'bfloat16' -> 'fl"):
+        eng.train(dataclasses.replace(more, amp="off"), toy_pairs(), tmp_path, resume=True,
+                  log=quiet)  # fmt: skip
 
     def never(*args):
         raise AssertionError("a resumed run must not measure again")
 
-    monkeypatch.setattr(eng, "faster_precision", never)
+    monkeypatch.setattr(eng, "race_precisions", never)
     messages = []
-    eng.train(more, toy_pairs(), tmp_path, resume=True, log=messages.append, amp="fastest")
-    assert "amp fastest: bfloat16 (the checkpoint)" in messages
+    _, _, history = eng.train(more, toy_pairs(), tmp_path, resume=True, log=messages.append)
+    assert "amp fastest: bfloat16 (the checkpoint)" in messages and len(history) == 8
 
 
 @pytest.mark.parametrize("slower", [None, torch.bfloat16])
@@ -782,12 +786,12 @@ def test_fastest_keeps_the_precision_whose_steps_take_less_time(slower, tmp_path
     tokenizer = at.train_bpe(pairs, TINY.vocab_size)
     corpus = at.EncodedCorpus.from_pairs(pairs, tokenizer)
     state = torch.get_rng_state()
-    faster = eng.faster_precision(TINY, corpus, tokenizer.get_vocab_size())
+    faster = eng.race_precisions(TINY, corpus, tokenizer.get_vocab_size())
     assert faster is (torch.bfloat16 if slower is None else None)
     assert torch.equal(torch.get_rng_state(), state)  # the run's initial weights are unchanged
     monkeypatch.setattr(eng, "native_bf16", lambda device: False)  # emulated: float32, untimed
     clock[0] = 0.0
-    assert eng.faster_precision(TINY, corpus, tokenizer.get_vocab_size()) is None
+    assert eng.race_precisions(TINY, corpus, tokenizer.get_vocab_size()) is None
     assert clock[0] == 0.0
 
 
@@ -966,23 +970,22 @@ def test_train_with_cuda_graphs_runs_its_step_eagerly_on_a_cpu_as_the_plain_loop
     # change which random numbers a row draws
     config = dataclasses.replace(eng.apply_changes(TINY, {"dropout": 0.0}), max_steps=6)
     plain, _, plain_history = eng.train(config, toy_pairs(), tmp_path / "plain", log=quiet)
-    graphed, _, graphed_history = eng.train(
-        config, toy_pairs(), tmp_path / "graphed", log=quiet, cuda_graphs=True
-    )
+    graphs = dataclasses.replace(config, cuda_graphs=True)
+    graphed, _, graphed_history = eng.train(graphs, toy_pairs(), tmp_path / "graphed", log=quiet)
     for (name, a), b in zip(plain.state_dict().items(), graphed.state_dict().values()):
         assert torch.allclose(a, b, atol=1e-5), name
     for a, b in zip(plain_history, graphed_history):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
         assert a["lr"] == pytest.approx(b["lr"], rel=1e-12) and a["tokens"] == b["tokens"]
-    more = dataclasses.replace(config, max_steps=8)
-    with pytest.raises(ValueError, match="cuda_graphs: True -> False"):
-        eng.train(more, toy_pairs(), tmp_path / "graphed", resume=True, log=quiet)
-    _, _, history = eng.train(
-        more, toy_pairs(), tmp_path / "graphed", resume=True, log=quiet, cuda_graphs=True
-    )
+    more = dataclasses.replace(graphs, max_steps=8)
+    with pytest.raises(ValueError, match="steps as CUDA graphs: True -> False"):
+        eng.train(dataclasses.replace(more, cuda_graphs=False), toy_pairs(),
+                  tmp_path / "graphed", resume=True, log=quiet)  # fmt: skip
+    _, _, history = eng.train(more, toy_pairs(), tmp_path / "graphed", resume=True, log=quiet)
     assert [h["step"] for h in history] == list(range(1, 9))
     with pytest.raises(ValueError, match="drop compile"):
-        eng.train(config, toy_pairs(), tmp_path / "c", log=quiet, cuda_graphs=True, compile=True)
+        compiled = dataclasses.replace(graphs, compile="inductor")
+        eng.train(compiled, toy_pairs(), tmp_path / "c", log=quiet)
 
 
 def test_the_machine_description_names_the_instruction_sets_that_decide_cpu_speed():
