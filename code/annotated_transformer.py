@@ -721,13 +721,13 @@ def rate(step, model_size, factor=1.0, warmup=4000):
     return factor * model_size**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
-def make_optimizer(model, d_model, factor=1.0, warmup=4000, weight_decay=0.0):
+def make_optimizer(model, d_model, factor=1.0, warmup=4000, weight_decay=0.0, **adamw):
     """§5.3: AdamW(β1 = 0.9, β2 = 0.98, ε = 1e-9) with the learning rate of Eq. (3); with
     weight_decay=0 (the paper's) it is Adam. The scheduler's k-th step (k = 0, 1, ...)
     sets the rate of update k + 1. Returns (optimizer, scheduler)."""
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, weight_decay=weight_decay
-    )
+        model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, weight_decay=weight_decay, **adamw
+    )  # adamw: options beyond the paper's (the fused, capturable AdamW of CUDA graphs)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda k: rate(k + 1, d_model, factor, warmup)
     )
@@ -791,15 +791,15 @@ def train_step(model, batch, optimizer, scheduler, smoothing):
     return torch.stack([loss.detach(), nll])
 
 
-def fit(config, corpus, vocab):
+def fit(config, corpus, vocab, schedule=None):
     """§5 as a plain loop: train a model of config.model on an EncodedCorpus for
     config.max_steps updates. Returns (model, loss per target token of every update)."""
     torch.manual_seed(config.seed)
     model = build_model(vocab, vocab, config.model)
-    d_model, decay = config.model.d_model, config.weight_decay
-    optimizer, scheduler = make_optimizer(
-        model, d_model, config.lr_factor, config.warmup_steps, decay
-    )
+    args = config.model.d_model, config.lr_factor, config.warmup_steps, config.weight_decay
+    optimizer, scheduler = make_optimizer(model, *args)
+    if schedule:  # schedule(step): a rate other than Eq. (3)'s, as the warm-up ablation tries
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: schedule(k + 1))
     losses, epoch = [], 0
     while len(losses) < config.max_steps:
         for indices in batch_by_tokens(corpus.lengths, config.max_tokens, config.seed + epoch):

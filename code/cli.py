@@ -23,6 +23,9 @@ import torch
 import annotated_transformer as at
 import engineering_runs as eng
 
+# the book's translator, shipped with it: the scripts' default checkpoint
+SHIPPED_TRANSLATOR = pathlib.Path(__file__).resolve().parent.parent / "results/multi30k/averaged.pt"
+
 # errors of the file system that point at a path the user gave (a missing file, a file
 # where a folder should be, a busy run folder, no permission) or at a full or read-only disk
 PATH_ERRORS = (

@@ -19,8 +19,8 @@ from annotated_transformer import (
     Batch,
     InputError,
     forward_loss,
+    make_optimizer,
     padding_mask,
-    rate,
     subsequent_mask,
 )
 
@@ -117,14 +117,9 @@ def make_capturable_optimizer(model, d_model, factor=1.0, warmup=4000, weight_de
     parameters' device that a DeviceSchedule sets, capturable on a GPU (its step counts
     stay there too). Returns (optimizer, schedule)."""
     device = next(model.parameters()).device
-    optimizer = torch.optim.AdamW(
-        model.parameters(),
-        lr=rate(1, d_model, factor, warmup),
-        betas=(0.9, 0.98),
-        eps=1e-9,
-        weight_decay=weight_decay,
-        fused=True,
-        capturable=device.type == "cuda",
+    capturable = device.type == "cuda"
+    optimizer, _ = make_optimizer(  # its Eq. (3) schedule is replaced below
+        model, d_model, factor, warmup, weight_decay, fused=True, capturable=capturable
     )
     lr = torch.zeros((), dtype=torch.float32, device=device)  # the fused kernel reads a float
     for group in optimizer.param_groups:

@@ -39,7 +39,6 @@ import cli
 import engineering_runs as eng
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-SHIPPED = ROOT / "results" / "multi30k" / "averaged.pt"
 OUT = ROOT / "_static" / "translator"
 EXAMPLES = 8  # validation sentences offered on the page
 NODE_MODULES = ROOT / "node_modules"
@@ -86,9 +85,8 @@ def exportable(checkpoint):
     """The model of `checkpoint` on the reference attention path, whose weights are kept,
     with positional tables of POSITIONS rows."""
     model, tokenizer = at.load_checkpoint(checkpoint)
+    at.use_fused_attention(model, False)  # the reference path keeps its weights for the picture
     for module in model.modules():
-        if isinstance(module, at.MultiHeadedAttention):
-            module.fused = False  # the reference path keeps its weights for the picture
         if isinstance(module, at.PositionalEncoding) and module.max_len > POSITIONS:
             module.make_table(POSITIONS, module.table.size(1))  # a formula: rows cost bytes
     return model, tokenizer
@@ -209,7 +207,7 @@ def parse_args(argv=None):
         "--checkpoint",
         type=cli.given_path,
         metavar="FILE",
-        default=SHIPPED,
+        default=cli.SHIPPED_TRANSLATOR,
         help="a train.py checkpoint or an evaluate.py averaged.pt "
         "(default: the book's translator, results/multi30k/averaged.pt)",
     )

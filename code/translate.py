@@ -19,7 +19,6 @@ written only once every line is translated.
 """
 
 import argparse
-import pathlib
 import sys
 
 import sacrebleu
@@ -28,8 +27,6 @@ from tqdm import tqdm
 import annotated_transformer as at
 import cli
 import fast_decoding as fd
-
-SHIPPED = pathlib.Path(__file__).resolve().parent.parent / "results" / "multi30k" / "averaged.pt"
 
 
 def parse_args(argv=None):
@@ -52,7 +49,7 @@ def parse_args(argv=None):
         "--checkpoint",
         type=cli.given_path,
         metavar="FILE",
-        default=SHIPPED,
+        default=cli.SHIPPED_TRANSLATOR,
         help="a train.py checkpoint or snapshot, or an evaluate.py averaged.pt "
         "(default: the book's translator, results/multi30k/averaged.pt)",
     )

@@ -13,7 +13,8 @@ Every arm uses rate(step) = peak * min(1, step / warmup) * min(1, sqrt(W / step)
 peak and, after step W, the same inverse-square-root decay as Eq. (3) with warmup_steps = W;
 only the first W steps differ. Writes one row per (arm, seed, logged step): the training
 loss per token, and at the end the share of symbols of held-out sequences copied by greedy
-decoding. The CPU and torch version go into every row, so the page can name them.
+decoding. The machine (CPU, threads, instruction sets, torch) goes into every row, so the
+page can name it.
 """
 
 import argparse
@@ -27,7 +28,7 @@ import annotated_transformer as at
 import cli
 import engineering_runs as eng
 
-COLUMNS = ["N", "warmup", "seed", "step", "loss", "accuracy", "d_model", "peak_lr", "cpu", "torch"]
+COLUMNS = ["N", "warmup", "seed", "step", "loss", "accuracy", "d_model", "peak_lr", "hardware"]
 
 
 def schedule(peak, warmup, decay_from):
@@ -42,40 +43,32 @@ def schedule(peak, warmup, decay_from):
 
 
 def run_arm(args, N, warmup, seed, log_every):
-    """Train one model; returns its rows (loss every log_every steps, accuracy at the end)."""
+    """Train one model (at.fit, with this schedule in place of Eq. (3)); returns its rows
+    (the loss averaged over every log_every steps, the held-out accuracy at the end)."""
     generator = torch.Generator().manual_seed(1000 + seed)
     vocab = 4 + args.symbols
     corpus = at.EncodedCorpus(at.copy_task_pairs(2000, vocab, args.length, generator))
     held_out = at.Batch.from_ids(at.copy_task_pairs(200, vocab, args.length, generator))
-    torch.manual_seed(seed)
-    config = at.ModelConfig(
+    model = at.ModelConfig(
         N=N, d_model=args.d_model, d_ff=2 * args.d_model, h=4, dropout=0.0,
         share_embeddings=True,
     )  # fmt: skip
-    model = at.build_model(vocab, vocab, config)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-    lrate = schedule(args.peak_lr, warmup, args.decay_from)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: lrate(k + 1))
-    rows, step, epoch, recent = [], 0, 0, []
-    max_tokens = 32 * (args.length + 1)
-    while step < args.steps:
-        for indices in at.batch_by_tokens(corpus.lengths, max_tokens, seed + epoch):
-            batch = corpus.batch(indices)
-            sums = at.train_step(model, batch, optimizer, scheduler, 0.0)
-            step += 1
-            recent.append(sums[0].item() / batch.ntokens)
-            if step % log_every == 0 or step == args.steps:
-                loss = sum(recent) / len(recent)
-                rows.append({"N": N, "warmup": warmup, "seed": seed, "step": step, "loss": loss})
-                recent = []
-            if step == args.steps:
-                break
-        epoch += 1
+    config = at.TrainConfig(
+        model=model, vocab_size=vocab, max_tokens=32 * (args.length + 1),
+        warmup_steps=max(warmup, 1),  # unused: the schedule below replaces Eq. (3)
+        smoothing=0.0, seed=seed, max_steps=args.steps,
+    )  # fmt: skip
+    model, losses = at.fit(config, corpus, vocab, schedule(args.peak_lr, warmup, args.decay_from))
+    rows = []
+    for end in range(log_every, args.steps + log_every, log_every):
+        step = min(end, args.steps)
+        recent = losses[end - log_every : step]
+        loss = sum(recent) / len(recent)
+        rows.append({"N": N, "warmup": warmup, "seed": seed, "step": step, "loss": loss})
     model.eval()
     with torch.no_grad():
         output = at.greedy_decode(model, held_out.src, held_out.src_mask, args.length + 1)
-    accuracy = (output[:, 1:] == held_out.tgt_y).float().mean().item()
-    rows[-1]["accuracy"] = accuracy
+    rows[-1]["accuracy"] = (output[:, 1:] == held_out.tgt_y).float().mean().item()
     return rows
 
 
@@ -105,10 +98,8 @@ def main(argv=None):
     parser.add_argument("--symbols", type=int, default=16, help="copy-task alphabet size")
     parser.add_argument("--length", type=int, default=10, help="copy-task sequence length")
     args = parser.parse_args(argv)
-    extra = {
-        "d_model": args.d_model, "peak_lr": args.peak_lr,
-        "cpu": eng.cpu_model(), "torch": torch.__version__,
-    }  # fmt: skip
+    extra = {"d_model": args.d_model, "peak_lr": args.peak_lr}
+    extra["hardware"] = eng.hardware_description()  # CPU, threads, instruction sets, torch
     rows = []
     for N, warmup in args.arms:
         for seed in args.seeds:

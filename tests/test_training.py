@@ -83,23 +83,36 @@ def test_warmup_ablation_schedules_differ_from_equation_3_only_before_its_warmup
     assert none(1600) == shorter(1600) == pytest.approx(peak / 2)
 
 
-def test_warmup_ablation_small_run_writes_one_row_per_logged_step_and_the_cpu(tmp_path, capsys):
+def test_warmup_ablation_small_run_writes_one_row_per_logged_step_and_the_machine(tmp_path, capsys):
     import warmup_ablation
 
     import cli
 
     out = tmp_path / "warmup.csv"
-    argv = ["--out", str(out), "--steps", "4", "--log-every", "2", "--seeds", "0"]
+    argv = ["--out", str(out), "--steps", "5", "--log-every", "2", "--seeds", "0"]
     assert warmup_ablation.main([*argv, "--arms", "1:2", "1:0"]) == 0
     assert capsys.readouterr().out.count("copied") == 2  # one line per run
     rows = cli.read_csv(out)
     assert [(r["N"], r["warmup"], r["step"]) for r in rows] == [
-        ("1", "2", "2"), ("1", "2", "4"), ("1", "0", "2"), ("1", "0", "4"),
+        ("1", "2", "2"), ("1", "2", "4"), ("1", "2", "5"),
+        ("1", "0", "2"), ("1", "0", "4"), ("1", "0", "5"),
     ]  # fmt: skip
-    assert [r["accuracy"] != "" for r in rows] == [False, True, False, True]
+    assert [r["accuracy"] != "" for r in rows] == [False, False, True] * 2
     assert all(0 <= float(r["accuracy"]) <= 1 for r in rows if r["accuracy"])
-    assert all(r["cpu"] and r["torch"] == torch.__version__ for r in rows)
+    assert all(r["hardware"] == eng.hardware_description() for r in rows)
     assert all(math.isfinite(float(r["loss"])) for r in rows)
+
+
+def test_fit_follows_the_schedule_it_is_given_in_place_of_equation_3():
+    corpus = at.EncodedCorpus(at.copy_task_pairs(50, 12, 5, torch.Generator().manual_seed(0)))
+    config = at.TrainConfig(model=at.ModelConfig(N=1, d_model=16, d_ff=32, h=2), max_steps=3)
+    torch.manual_seed(config.seed)
+    initial = at.build_model(12, 12, config.model).state_dict()
+    still, _ = at.fit(config, corpus, 12, schedule=lambda step: 0.0)  # a rate of 0: no change
+    moved, _ = at.fit(config, corpus, 12)
+    for name, weight in initial.items():
+        assert torch.equal(still.state_dict()[name], weight), name
+    assert any(not torch.equal(moved.state_dict()[n], w) for n, w in initial.items())
 
 
 def test_the_optimizer_makes_adams_updates_with_the_papers_betas_and_rate_k_at_update_k():

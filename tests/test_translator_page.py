@@ -22,6 +22,7 @@ import urllib.parse
 import pytest
 
 import annotated_transformer as at
+import cli
 import engineering_runs as eng
 import export_onnx
 import headless
@@ -128,7 +129,7 @@ def sentences():
     """Three validation sentences and their translations by the module (beam 4, α = 0.6)."""
     pairs = eng.load_multi30k("val")
     chosen = [pairs[i][0] for i in (1, 2, 6)]
-    model, tokenizer = at.load_checkpoint(export_onnx.SHIPPED)
+    model, tokenizer = at.load_checkpoint(cli.SHIPPED_TRANSLATOR)
     return dict(zip(chosen, at.translate(model, tokenizer, chosen, beam_size=4)))
 
 
