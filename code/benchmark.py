@@ -132,6 +132,17 @@ def training_flops(config, vocab, batch, src_len, tgt_len):
     return 3 * forward_flops(config, vocab, batch, src_len, tgt_len)["total"]
 
 
+def recipe_step_flops(config, corpus):
+    """FLOPs of a mean training step of a recipe (a TrainConfig) on an EncodedCorpus: the
+    batches of its first epoch hold this many sentences on average, of these mean source and
+    decoder lengths (real tokens: padding is left out of the useful work)."""
+    batches = at.batch_by_tokens(corpus.lengths, config.max_tokens, config.seed)
+    lengths = torch.tensor(corpus.lengths, dtype=torch.float64)
+    src_len, tgt_len = lengths[:, 0].mean().item(), lengths[:, 1].mean().item() - 1
+    sentences = sum(map(len, batches)) / len(batches)
+    return training_flops(config.model, config.vocab_size, sentences, src_len, tgt_len)
+
+
 # Dense (no structured sparsity) bf16 tensor-core peaks from NVIDIA's data sheets, in FLOP/s.
 # The first entry whose words all occur in the device name wins; others get no MFU.
 BF16_PEAK_FLOPS = {

@@ -502,3 +502,12 @@ def test_quick_run_writes_json_with_every_row_and_ratio(tmp_path, capsys):
     float32 = benchmark.side_by_side(profile)["float32"]
     assert float32["ours"] == profile["rows"]["train/ours-fused"]["tokens_per_s"]
     assert f"target tokens/s, float32: ours {float32['ours']:,.0f}" in printed
+
+
+def test_a_recipes_step_flops_count_its_mean_batch_at_the_mean_lengths():
+    # 30 pairs, all of source length 4 and target length 6 (<s> ... </s>): a batch of
+    # max_tokens 40 holds 40 // 6 = 6 of them (padding-free: every sentence is as long)
+    corpus = at.EncodedCorpus([([5, 6, 7, at.EOS_ID], [at.BOS_ID, 5, 6, 7, 8, at.EOS_ID])] * 30)
+    config = at.TrainConfig(model=at.ModelConfig(N=1, d_model=8, d_ff=16, h=2), max_tokens=40)
+    expected = benchmark.training_flops(config.model, config.vocab_size, 6, 4, 5)
+    assert benchmark.recipe_step_flops(config, corpus) == pytest.approx(expected)
