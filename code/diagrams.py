@@ -229,38 +229,36 @@ def head_shapes_figure(h=4):
         _arrow(ax, (x0 + 0.08, y), (x1 - 0.08, y))
         ax.text((x0 + x1) / 2, y + 0.07, code, ha="center", va="bottom", **_CODE)
 
+    def row(y, stages):
+        """Tensors left to right, each after an arrow labelled with the code that makes it:
+        stages of (gap before it, code, width, colours, cards, drop, math, shape)."""
+        right = 0.0
+        for gap, code, width, colours, cards, drop, math, shape in stages:
+            x = right + gap
+            if code:
+                step(right, x, y + n / 2, code)
+            right, top = _tensor(ax, x, y - drop, width, n, colours, cards=cards)
+            caption((x + right) / 2, top, y - drop, math, shape)
+        return right, top
+
     # top row: X -> X W^Q -> h heads
-    y, mid = 2.65, 2.65 + n / 2
-    top_mid = mid
-    right, top = _tensor(ax, 0.25, y, d_model, n, [grey])
-    caption(0.25 + d_model / 2, top, y, "$X$", "(batch, n, d_model)")
-    x = right + 0.75
-    step(right, x, mid, "w_q")
-    right2, top = _tensor(ax, x, y, d_model, n, heads)
-    caption(x + d_model / 2, top, y, "$XW^Q$, heads side by side", "(batch, n, h·d_k)")
-    x = right2 + 0.95
-    step(right2, x, mid, "split_heads")
-    right3, top = _tensor(ax, x, y - 0.1, d_k, n, heads, cards=h)
-    caption((x + right3) / 2, top, y - 0.1, "$Q_i = XW_i^Q$", "(batch, h, n, d_k)")
-    ax.text(right3 + 0.06, mid, "h heads", fontsize=8, va="center", style="italic")
+    top_mid = 2.65 + n / 2
+    right, _ = row(2.65, [
+        (0.25, "", d_model, [grey], 1, 0, "$X$", "(batch, n, d_model)"),
+        (0.75, "w_q", d_model, heads, 1, 0, "$XW^Q$, heads side by side", "(batch, n, h·d_k)"),
+        (0.95, "split_heads", d_k, heads, h, 0.1, "$Q_i = XW_i^Q$", "(batch, h, n, d_k)"),
+    ])  # fmt: skip
+    ax.text(right + 0.06, top_mid, "h heads", fontsize=8, va="center", style="italic")
 
     # bottom row: weights per head -> head_i -> Concat -> W^O
-    y, mid = 0.45, 0.45 + n / 2
-    right, top = _tensor(ax, 0.25, y, square, n, heads, cards=h)
     weights = r"softmax$(Q_iK_i^\top/\sqrt{d_k})$"
-    caption((0.25 + right) / 2, top, y, weights, "(batch, h, n, n)")
-    x = right + 0.7
-    step(right, x, mid, "@ value")
-    right2, top = _tensor(ax, x, y, d_k, n, heads, cards=h)
-    caption((x + right2) / 2, top, y, r"head$_i$", "(batch, h, n, d_v)")
-    x = right2 + 0.95
-    step(right2, x, mid, "transpose,\nflatten")
-    right3, top = _tensor(ax, x, y, d_model, n, heads)
-    caption(x + d_model / 2, top, y, "Concat(head$_1$, …, head$_h$)", "(batch, n, h·d_v)")
-    x = right3 + 0.6
-    step(right3, x, mid, "w_o")
-    right4, top = _tensor(ax, x, y, d_model, n, [grey])
-    caption(x + d_model / 2, top, y, "MultiHead$(Q, K, V)$", "(batch, n, d_model)")
+    row(0.45, [
+        (0.25, "", square, heads, h, 0, weights, "(batch, h, n, n)"),
+        (0.7, "@ value", d_k, heads, h, 0, r"head$_i$", "(batch, h, n, d_v)"),
+        (0.95, "transpose,\nflatten", d_model, heads, 1, 0, "Concat(head$_1$, …, head$_h$)",
+         "(batch, n, h·d_v)"),
+        (0.6, "w_o", d_model, [grey], 1, 0, "MultiHead$(Q, K, V)$", "(batch, n, d_model)"),
+    ])  # fmt: skip
 
     # the two rows joined: the heads' queries (with K_i and V_i) go into the attention
     _arrow(ax, (5.6, top_mid), (6.6, top_mid), (6.6, 2.03), (0.1, 2.03), (0.1, 0.88), (0.25, 0.88))
