@@ -111,6 +111,17 @@ def add_device_flag(parser):
     )
 
 
+def add_checkpoint_flag(parser):
+    parser.add_argument(
+        "--checkpoint",
+        type=given_path,
+        metavar="FILE",
+        default=SHIPPED_TRANSLATOR,
+        help="a train.py checkpoint or snapshot, or an evaluate.py averaged.pt "
+        "(default: the book's translator, results/multi30k/averaged.pt)",
+    )
+
+
 def own_folder(out, run):
     """Refuse to write results into a training run's folder (its files would be replaced)."""
     out = pathlib.Path(out)

@@ -203,14 +203,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--checkpoint",
-        type=cli.given_path,
-        metavar="FILE",
-        default=cli.SHIPPED_TRANSLATOR,
-        help="a train.py checkpoint or an evaluate.py averaged.pt "
-        "(default: the book's translator, results/multi30k/averaged.pt)",
-    )
+    cli.add_checkpoint_flag(parser)
     parser.add_argument(
         "--out",
         type=cli.given_path,

@@ -45,14 +45,7 @@ def parse_args(argv=None):
     }
     for flag, text in files.items():
         parser.add_argument(flag, type=cli.given_path, metavar="FILE", help=text)
-    parser.add_argument(
-        "--checkpoint",
-        type=cli.given_path,
-        metavar="FILE",
-        default=cli.SHIPPED_TRANSLATOR,
-        help="a train.py checkpoint or snapshot, or an evaluate.py averaged.pt "
-        "(default: the book's translator, results/multi30k/averaged.pt)",
-    )
+    cli.add_checkpoint_flag(parser)
     decoding = parser.add_mutually_exclusive_group()
     decoding.add_argument(
         "--beam-size", type=cli.positive_int, default=4, help="hypotheses kept (default: 4)"
