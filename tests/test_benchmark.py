@@ -511,3 +511,16 @@ def test_a_recipes_step_flops_count_its_mean_batch_at_the_mean_lengths():
     config = at.TrainConfig(model=at.ModelConfig(N=1, d_model=8, d_ff=16, h=2), max_tokens=40)
     expected = benchmark.training_flops(config.model, config.vocab_size, 6, 4, 5)
     assert benchmark.recipe_step_flops(config, corpus) == pytest.approx(expected)
+
+
+def test_a_decoding_calls_flops_grow_in_proportion_to_its_batch():
+    # the Performance page counts the base model's decoding on an eighth of its batch
+    counts = []
+    for batch in (2, 4):
+        rows = benchmark.decoding_rows(replace(benchmark.CONFIGS["tiny"], batch=batch), "cpu")
+        for row in rows:
+            with FlopCounterMode(display=False) as count:
+                row.work()
+            counts.append(count.get_total_flops())
+    half = len(counts) // 2
+    assert counts[half:] == [2 * n for n in counts[:half]] and min(counts) > 0
