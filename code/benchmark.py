@@ -95,8 +95,10 @@ def forward_flops(config, vocab, batch, src_len, tgt_len):
     multiply and one add per term); softmax, LayerNorm, dropout, residual additions and the
     loss are element-wise, O(tokens * d_model), and left out, as torch's FlopCounterMode
     leaves them out. Embedding lookups are no arithmetic."""
-    c, d, h, N = config, config.d_model, config.h, config.N
-    d_k, d_v = c.d_k or d // h, c.d_v or d // h
+    d, d_ff, N = config.d_model, config.d_ff, config.N
+    with torch.device("meta"):  # the head widths as the model derives them, without weights
+        heads = at.MultiHeadedAttention(config.h, d, d_k=config.d_k, d_v=config.d_v)
+    h, d_k, d_v = heads.h, heads.d_k, heads.d_v
     src, tgt = batch * src_len, batch * tgt_len  # tokens through encoder and decoder
 
     def linear(tokens, d_in, d_out):
@@ -118,7 +120,7 @@ def forward_flops(config, vocab, batch, src_len, tgt_len):
         "attention": N
         * (attention(src_len, src_len) + attention(tgt_len, tgt_len) + attention(tgt_len, src_len)),
         # W_1 and W_2 of Eq. (2), in every encoder and decoder layer
-        "feed_forward": N * 2 * (linear(src, d, c.d_ff) + linear(tgt, d, c.d_ff)),
+        "feed_forward": N * 2 * (linear(src, d, d_ff) + linear(tgt, d, d_ff)),
         "generator": linear(tgt, d, vocab),
     }
     parts["total"] = sum(parts.values())
