@@ -828,21 +828,20 @@ def tokenizer_for_run(config, pairs, out, tokenizer, payload, rank, world):
         if tokenizer is not None and tokenizer.to_str() != saved.to_str():
             raise InputError(f"{out} was trained with another tokenizer; resume without one")
         return saved
-    if tokenizer is None:
-        if rank == 0:
-            train_bpe(pairs, config.vocab_size, out / "tokenizer.json")
-        if world > 1:
-            torch.distributed.barrier()  # rank 0's vocabulary is on disk for every rank
-        return load_tokenizer(out / "tokenizer.json")
-    if tokenizer.get_vocab_size() > config.vocab_size:
+    learned = tokenizer is None
+    if learned and rank == 0:
+        tokenizer = train_bpe(pairs, config.vocab_size)
+    elif not learned and tokenizer.get_vocab_size() > config.vocab_size:
         raise InputError(
             f"the tokenizer has {tokenizer.get_vocab_size()} tokens but config.vocab_size is "
             f"{config.vocab_size}; pass a tokenizer from train_bpe(pairs, {config.vocab_size})"
         )
-    if rank == 0:
+    if rank == 0:  # one atomic write, whichever vocabulary it is
         with atomic_file(out / "tokenizer.json") as file:
-            file.write(tokenizer.to_str())
-    return tokenizer
+            file.write(tokenizer.to_str(pretty=True))
+    if learned and world > 1:
+        torch.distributed.barrier()  # rank 0's vocabulary is on disk for every rank
+    return load_tokenizer(out / "tokenizer.json") if learned else tokenizer
 
 
 def record_losses(state, pending, world):
