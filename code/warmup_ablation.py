@@ -49,12 +49,12 @@ def run_arm(args, N, warmup, seed, log_every):
     vocab = 4 + args.symbols
     corpus = at.EncodedCorpus(at.copy_task_pairs(2000, vocab, args.length, generator))
     held_out = at.Batch.from_ids(at.copy_task_pairs(200, vocab, args.length, generator))
-    model = at.ModelConfig(
+    architecture = at.ModelConfig(
         N=N, d_model=args.d_model, d_ff=2 * args.d_model, h=4, dropout=0.0,
         share_embeddings=True,
     )  # fmt: skip
     config = at.TrainConfig(
-        model=model, vocab_size=vocab, max_tokens=32 * (args.length + 1),
+        model=architecture, vocab_size=vocab, max_tokens=32 * (args.length + 1),
         warmup_steps=max(warmup, 1),  # unused: the schedule below replaces Eq. (3)
         smoothing=0.0, seed=seed, max_steps=args.steps,
     )  # fmt: skip
