@@ -1,12 +1,13 @@
 """The built book as a reader's browser shows it: every page of _build/html opened in
 headless Chromium, offline. Equations must be typeset by the bundled MathJax (no raw TeX
-left), no page may show a traceback, and every internal link must lead to a file.
+left), no page may show a traceback or request anything from elsewhere, and every internal
+link must lead to a file.
 
-Needs the built book (`jupyter-book build .`) and Debian's chromium; .ci/run provides both
-and sets REQUIRE_BROWSER_TESTS=1 so that, in CI, their absence is a failure, not a skip."""
+Needs the built book (`jupyter-book build .`), Debian's chromium and Playwright; .ci/run
+provides them and sets REQUIRE_BROWSER_TESTS=1 so that, in CI, their absence is a failure,
+not a skip."""
 
 import html.parser
-import json
 import os
 import pathlib
 import re
@@ -18,13 +19,10 @@ import headless
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 HTML = ROOT / "_build" / "html"
-CHROMIUM = headless.CHROMIUM
 PAGES = sorted(HTML.glob("*.html")) + sorted(HTML.glob("chapters/*.html"))
 PAGES = [p for p in PAGES if p.name not in ("genindex.html", "search.html")]
 
-missing = [
-    why for why, absent in (("no built book", not PAGES), ("no chromium", not CHROMIUM)) if absent
-]
+missing = (["no built book"] if not PAGES else []) + headless.MISSING
 if missing and os.environ.get("REQUIRE_BROWSER_TESTS"):
     pytest.fail(f"browser tests required but: {', '.join(missing)}", pytrace=False)
 pytestmark = pytest.mark.skipif(bool(missing), reason=", ".join(missing) or "ready")
@@ -33,8 +31,10 @@ pytestmark = pytest.mark.skipif(bool(missing), reason=", ".join(missing) or "rea
 SCREENSHOTS = ROOT / "_build" / "screenshots"  # kept as build artefacts
 
 
-def chromium(page, profile, *output):
-    return headless.run(page.as_uri(), profile, *output).stdout
+@pytest.fixture(scope="module")
+def chromium():
+    with headless.browser() as browser:
+        yield browser
 
 
 SKIPPED = ("script", "style", "pre", "code", "mjx-container", "mjx-assistive-mml")
@@ -63,8 +63,12 @@ class _Text(html.parser.HTMLParser):
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(HTML)))
-def test_page_renders_offline(page, tmp_path):
-    dom = chromium(page, tmp_path / "profile", "--dump-dom")
+def test_page_renders_offline(page, chromium):
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    shot = SCREENSHOTS / f"{page.relative_to(HTML).as_posix().replace('/', '_')[:-5]}.png"
+    with headless.tab(chromium, page.as_uri(), 1300, 1800) as (tab, seen):
+        dom = tab.content()
+        tab.screenshot(path=shot)
     source = page.read_text()
     parser = _Text()
     parser.feed(dom)
@@ -75,24 +79,22 @@ def test_page_renders_offline(page, tmp_path):
     for raw in ("$$", "\\begin{", "\\frac", "\\(", "\\["):
         assert raw not in text, f"untypeset TeX {raw!r} visible on the page"
     assert "Traceback (most recent call last)" not in text
+    elsewhere = [url for url in seen.requests if not url.startswith(("file:", "data:", "blob:"))]
+    assert not elsewhere, f"the page asked for files from elsewhere: {elsewhere}"
 
     for href in parser.links:
         target = urllib.parse.urlparse(href)
         if target.scheme or target.netloc or not target.path:
             continue  # external links and same-page anchors
         assert (page.parent / urllib.parse.unquote(target.path)).resolve().is_file(), href
-
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    shot = SCREENSHOTS / f"{page.relative_to(HTML).as_posix().replace('/', '_')[:-5]}.png"
-    chromium(page, tmp_path / "profile-2", "--window-size=1300,1800", f"--screenshot={shot}")
     assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
 
 
-# Measures, once the page has loaded, what a reader would have to scroll sideways to see or
-# could not read: the content column's width, and every table, figure, code block and
-# displayed equation that is wider than it (figures: drawn wider than they are shown).
-PROBE = """<script>
-window.addEventListener("load", () => setTimeout(() => {
+# Measures, once the page has loaded and its equations are typeset, what a reader would have
+# to scroll sideways to see or could not read: the content column's width, and every table,
+# figure, code block and displayed equation that is wider than it (figures: drawn wider than
+# they are shown).
+PROBE = """() => {
   const article = document.querySelector("article.bd-article");
   const style = getComputedStyle(article);
   const padding = parseFloat(style.paddingLeft) + parseFloat(style.paddingRight);
@@ -114,33 +116,22 @@ window.addEventListener("load", () => setTimeout(() => {
       found.push(`figure ${el.naturalWidth} px at ${el.clientWidth}: ${el.getAttribute("src")}`);
   }
   const page = document.documentElement.scrollWidth - window.innerWidth;
-  const probe = document.createElement("pre");
-  probe.id = "layout-probe";
-  probe.textContent = JSON.stringify({width: Math.round(width), found, page});
-  document.body.appendChild(probe);
-}, 500));
-</script>"""
+  return {width: Math.round(width), found, page};
+}"""
 
 
-def layout(page, profile, width):
+def layout(chromium, page, width):
     """The probe's findings for `page` in a window `width` px wide."""
-    probed = page.with_name(f"probe-{page.name}")  # beside the page, so its links resolve
-    probed.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
-    try:
-        dom = chromium(probed, profile, f"--window-size={width},1000", "--dump-dom")
-    finally:
-        probed.unlink()
-    found = re.search(r'<pre id="layout-probe">(.*?)</pre>', dom, re.S)
-    assert found, "the layout probe did not run"
-    return json.loads(html.unescape(found.group(1)))
+    with headless.tab(chromium, page.as_uri(), width) as (tab, _):
+        return tab.evaluate(PROBE)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(HTML)))
-def test_tables_figures_and_code_fit_the_column(page, tmp_path):
-    laptop = layout(page, tmp_path / "laptop", 1280)
+def test_tables_figures_and_code_fit_the_column(page, chromium):
+    laptop = layout(chromium, page, 1280)
     assert laptop["width"] >= 700, f"the content column is only {laptop['width']} px wide"
     assert not laptop["found"], "wider than the column at 1280 px:\n" + "\n".join(laptop["found"])
-    phone = layout(page, tmp_path / "phone", 412)
+    phone = layout(chromium, page, 412)
     assert phone["page"] <= 0, f"the page scrolls sideways by {phone['page']} px on a phone"
 
 

@@ -4,18 +4,17 @@ translation the page writes must be the module's `translate(..., beam_size=4)`, 
 grid must be drawn, nothing may be requested from outside 127.0.0.1, and the page must fit the
 column at 1280 px and on a 412 px phone. "Nothing from outside" is checked three ways: no host
 but 127.0.0.1 resolves; a content security policy of 'self', put first in the page's <head>,
-reports every attempt to load from elsewhere; every resource the page loaded is on 127.0.0.1.
+reports every attempt to load from elsewhere; every resource the page loaded or asked for
+is on 127.0.0.1.
 
 Needs the built book with the page's files (`npm ci`, `python code/export_onnx.py`, then
-`jupyter-book build .`) and Debian's chromium; .ci/run provides them and sets
+`jupyter-book build .`), Debian's chromium and Playwright; .ci/run provides them and sets
 REQUIRE_BROWSER_TESTS=1, so that there their absence fails instead of skipping."""
 
 import functools
-import html
 import http.server
 import json
 import os
-import re
 import threading
 import urllib.parse
 
@@ -30,7 +29,6 @@ import headless
 HTML = export_onnx.ROOT / "_build" / "html"
 PAGE = HTML / "chapters" / "try_translator.html"
 ENGINE = HTML / "_static" / "translator" / "vendor" / "ort.wasm.min.mjs"
-CHROMIUM = headless.CHROMIUM
 missing = [
     why
     for why, absent in (
@@ -39,10 +37,9 @@ missing = [
             "the page's engine was not exported (npm ci; python code/export_onnx.py)",
             not ENGINE.is_file(),
         ),
-        ("no chromium", not CHROMIUM),
     )
     if absent
-]
+] + headless.MISSING
 if missing and os.environ.get("REQUIRE_BROWSER_TESTS"):
     pytest.fail(f"translator page test required but: {', '.join(missing)}", pytrace=False)
 pytestmark = pytest.mark.skipif(bool(missing), reason=", ".join(missing) or "ready")
@@ -104,24 +101,24 @@ def server():
     book.shutdown()
 
 
-def open_page(port, sentence, width, profile):
+@pytest.fixture(scope="module")
+def chromium():
+    # no host but 127.0.0.1 resolves, so nothing can come from elsewhere
+    with headless.browser("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1") as browser:
+        yield browser
+
+
+def open_page(chromium, port, sentence, width):
+    """What the page reports once it has translated `sentence` in a window `width` px wide,
+    and every request it made."""
     query = urllib.parse.urlencode({"de": sentence})
     url = f"http://127.0.0.1:{port}/chapters/probe-try_translator.html?{query}"
-    run = headless.run(
-        url,
-        profile,
-        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-        "--enable-logging=stderr",
-        f"--window-size={width},1000",
-        "--dump-dom",
-        budget_ms=100_000_000,  # virtual time: spent only while the page idles
-        timeout=180,
-    )
-    dom = run.stdout
-    found = re.search(r'<pre id="translator-probe"[^>]*>(.*?)</pre>', dom, re.S)  # the theme
-    console = [line for line in run.stderr.splitlines() if "CONSOLE" in line]  # adds tabindex
-    assert found, f"the page never reported; its console: {console}"
-    return json.loads(html.unescape(found.group(1)))
+    with headless.tab(chromium, url, width) as (page, seen):
+        try:
+            probe = page.wait_for_selector("#translator-probe", state="attached", timeout=180_000)
+        except headless.PageTimeout:
+            pytest.fail(f"the page never reported; its console: {seen.console}")
+        return json.loads(probe.text_content()), list(seen.requests)
 
 
 @pytest.fixture(scope="module")
@@ -134,12 +131,12 @@ def sentences():
 
 
 def test_the_page_translates_as_the_module_does_and_draws_the_attention(
-    server, sentences, tmp_path
+    chromium, server, sentences
 ):
     tokenizer = at.Tokenizer.from_file(str(HTML / "_static" / "translator" / "tokenizer.json"))
     for i, (german, english) in enumerate(sentences.items()):
         width = 412 if i == 0 else 1280  # one of them on a phone's screen
-        seen = open_page(server, german, width, tmp_path / f"profile-{i}")
+        seen, requests = open_page(chromium, server, german, width)
         assert seen["translation"] == english, (german, seen["status"])
         # a column for each source piece and </s>, a row for each generated piece
         columns = len(tokenizer.encode(german).ids) + 1
@@ -148,5 +145,6 @@ def test_the_page_translates_as_the_module_does_and_draws_the_attention(
             f"wider than the {seen['column']} px column at {width} px: {seen['wide']}"
         )
         assert seen["sideways"] <= 0, f"the page scrolls sideways at {width} px"
-        outside = [r for r in seen["resources"] if not r.startswith("http://127.0.0.1:")]
+        loaded = seen["resources"] + [r for r in requests if not r.startswith(("data:", "blob:"))]
+        outside = [r for r in loaded if not r.startswith("http://127.0.0.1:")]
         assert not outside and not seen["blocked"], (outside, seen["blocked"])
