@@ -5,6 +5,7 @@ GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
 `python code/export.py` (or `python code/export.py --execute`, which also re-executes).
 """
 
+import contextlib
 import copy
 import math
 import pathlib
@@ -507,12 +508,18 @@ def make_model(
     return build_model(src_vocab, tgt_vocab, config)
 
 
+@contextlib.contextmanager
 def use_fused_attention(model, fused=True):
-    """Switch every attention layer of `model` between the fused and reference paths."""
-    for module in model.modules():
-        if isinstance(module, MultiHeadedAttention):
-            module.fused = fused
-    return model
+    """Inside the block, every attention layer of `model` takes the fused or reference path."""
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadedAttention)]
+    saved = [layer.fused for layer in layers]
+    try:
+        for layer in layers:
+            layer.fused = fused
+        yield model
+    finally:
+        for layer, was in zip(layers, saved):
+            layer.fused = was
 
 
 def count_parameters(model):

@@ -105,12 +105,10 @@ def attention_weights(model, sources, targets):
     with S = len(source) and T = len(target); the decoder input is <s> y_1 ... y_n-1."""
     # the targets with <s> in front: Batch's decoder input is then <s> y_1 ... y_n-1
     batch = at.Batch.from_ids([(s, [at.BOS_ID] + t) for s, t in zip(sources, targets)])
-    fused = any(m.fused for m in model.modules() if isinstance(m, at.MultiHeadedAttention))
-    at.use_fused_attention(model, False)
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), at.use_fused_attention(model, False):
             model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
         stacked = {
             "encoder_self": [layer.self_attn.weights for layer in model.encoder.layers],
@@ -120,7 +118,6 @@ def attention_weights(model, sources, targets):
         # (N, batch, h, seq_q, seq_k) -> per sentence (N, h, seq_q, seq_k)
         stacked = {kind: torch.stack(ws).transpose(0, 1) for kind, ws in stacked.items()}
     finally:
-        at.use_fused_attention(model, fused)  # build_model's layers share one setting
         model.train(was_training)
     results = []
     for row, (s, t) in enumerate(zip(sources, targets)):

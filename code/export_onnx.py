@@ -82,10 +82,8 @@ class DecoderStep(torch.nn.Module):
 
 
 def exportable(checkpoint):
-    """The model of `checkpoint` on the reference attention path, whose weights are kept,
-    with positional tables of POSITIONS rows."""
+    """The model of `checkpoint` with positional tables of POSITIONS rows."""
     model, tokenizer = at.load_checkpoint(checkpoint)
-    at.use_fused_attention(model, False)  # the reference path keeps its weights for the picture
     for module in model.modules():
         if isinstance(module, at.PositionalEncoding) and module.max_len > POSITIONS:
             module.make_table(POSITIONS, module.table.size(1))  # a formula: rows cost bytes
@@ -145,7 +143,8 @@ def export(checkpoint, out, examples):
     src = torch.tensor([[5, 6, 7, 8, at.EOS_ID], [9, 10, at.EOS_ID, at.PAD_ID, at.PAD_ID]])
     tgt = torch.tensor([[at.BOS_ID, 11, 12], [at.BOS_ID, 13, 14]])
     batch, src_len, tgt_len = (torch.export.Dim(n) for n in ("batch", "src_len", "tgt_len"))
-    with torch.no_grad():
+    # the reference attention path: it keeps the weights that the page draws
+    with torch.no_grad(), at.use_fused_attention(model, False):
         memory = model.encode(src, at.padding_mask(src, at.PAD_ID))
         export_graph(
             Encoder(model),

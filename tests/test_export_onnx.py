@@ -70,7 +70,8 @@ class OnnxTranslator:
 def models(folder):
     torch.set_num_threads(1)
     model, tokenizer = export_onnx.exportable(SHIPPED)
-    return model, tokenizer, OnnxTranslator(folder)
+    with at.use_fused_attention(model, False):  # the graphs' path
+        yield model, tokenizer, OnnxTranslator(folder)
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +102,7 @@ def test_graphs_give_the_models_log_probabilities_and_attention(models, val):
     decoded = onnx_model.decode(onnx_model.encode(src, src_mask), src_mask, tgt, None)[:, 0]
     # against the model with the graphs' float16-rounded weights: the same arithmetic
     rounded = half_rounded(model)
-    with torch.no_grad():
+    with torch.no_grad(), at.use_fused_attention(rounded, False):
         states = rounded.decode(rounded.encode(src, src_mask), src_mask, tgt, at.subsequent_mask(9))
         expected = rounded.generator(states[:, -1])
     weights = rounded.decoder.layers[-1].src_attn.weights  # (batch, h, tgt, src)

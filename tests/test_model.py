@@ -80,8 +80,19 @@ def test_fused_and_reference_whole_model_agree():
     src, tgt, src_mask, tgt_mask = toy_batch()
     with torch.no_grad():
         fused = model(src, tgt, src_mask, tgt_mask)
-        reference = at.use_fused_attention(model, False)(src, tgt, src_mask, tgt_mask)
+        with at.use_fused_attention(model, False):
+            reference = model(src, tgt, src_mask, tgt_mask)
     torch.testing.assert_close(fused, reference, atol=1e-5, rtol=0)
+
+
+def test_use_fused_attention_gives_each_layer_its_own_path_back_even_after_an_error():
+    model = tiny_model()
+    layers = [m for m in model.modules() if isinstance(m, at.MultiHeadedAttention)]
+    layers[0].fused = False  # one layer on the reference path, the others fused
+    with pytest.raises(RuntimeError), at.use_fused_attention(model, True) as same:
+        assert same is model and all(layer.fused for layer in layers)
+        raise RuntimeError("inside the block")
+    assert [layer.fused for layer in layers] == [False] + [True] * (len(layers) - 1)
 
 
 # ---- causality and padding ------------------------------------------------------------
