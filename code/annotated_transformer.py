@@ -1050,13 +1050,13 @@ def encode_sentences(model, tokenizer, sentences):
             n = len(encoded[i])
             if n > longest:
                 fits = f"at most {longest} tokens fit" if longest > 0 else "no sentence fits"
-                error = InputError(
-                    f"sentence {i} is {n} tokens long and needs positional tables of {n} "
-                    f"(source) and {n + 50} (target) rows, as the output may be 50 tokens "
-                    f"longer than the input; this model's have {tables[0]} and {tables[1]}, "
-                    f"so {fits}"
+                problem = (
+                    f"is {n} tokens long and needs positional tables of {n} (source) and "
+                    f"{n + 50} (target) rows, as the output may be 50 tokens longer than the "
+                    f"input; this model's have {tables[0]} and {tables[1]}, so {fits}"
                 )
-                error.index = i  # for a caller that names the sentence its own way
+                error = InputError(f"sentence {i} {problem}")
+                error.index, error.problem = i, problem  # for callers that number their own way
                 raise error
     return encoded
 

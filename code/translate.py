@@ -161,8 +161,7 @@ def main(argv=None):
         except at.InputError as error:  # a sentence too long: named as the user numbers it
             if getattr(error, "index", None) is None:
                 raise
-            problem = str(error).removeprefix(f"sentence {error.index} ")
-            raise at.InputError(f"{where(error.index)} {problem}") from None
+            raise at.InputError(f"{where(error.index)} {error.problem}") from None
     text = "".join(line + "\n" for line in translations)
     if args.output is None:
         sys.stdout.write(text)
