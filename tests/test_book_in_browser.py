@@ -7,10 +7,12 @@ Needs the built book (`jupyter-book build .`), Debian's chromium and Playwright;
 provides them and sets REQUIRE_BROWSER_TESTS=1 so that, in CI, their absence is a failure,
 not a skip."""
 
+import functools
 import html.parser
 import os
 import pathlib
 import re
+import types
 import urllib.parse
 
 import pytest
@@ -29,12 +31,6 @@ pytestmark = pytest.mark.skipif(bool(missing), reason=", ".join(missing) or "rea
 
 
 SCREENSHOTS = ROOT / "_build" / "screenshots"  # kept as build artefacts
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    with headless.browser() as browser:
-        yield browser
 
 
 SKIPPED = ("script", "style", "pre", "code", "mjx-container", "mjx-assistive-mml")
@@ -60,34 +56,6 @@ class _Text(html.parser.HTMLParser):
     def handle_data(self, data):
         if not self.skip:
             self.parts.append(data)
-
-
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(HTML)))
-def test_page_renders_offline(page, chromium):
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    shot = SCREENSHOTS / f"{page.relative_to(HTML).as_posix().replace('/', '_')[:-5]}.png"
-    with headless.tab(chromium, page.as_uri(), 1300, 1800) as (tab, seen):
-        dom = tab.content()
-        tab.screenshot(path=shot)
-    source = page.read_text()
-    parser = _Text()
-    parser.feed(dom)
-    text = "".join(parser.parts)
-
-    if 'class="math' in source:  # the page has equations: MathJax must have typeset them
-        assert "<mjx-container" in dom, "MathJax did not run (is it bundled?)"
-    for raw in ("$$", "\\begin{", "\\frac", "\\(", "\\["):
-        assert raw not in text, f"untypeset TeX {raw!r} visible on the page"
-    assert "Traceback (most recent call last)" not in text
-    elsewhere = [url for url in seen.requests if not url.startswith(("file:", "data:", "blob:"))]
-    assert not elsewhere, f"the page asked for files from elsewhere: {elsewhere}"
-
-    for href in parser.links:
-        target = urllib.parse.urlparse(href)
-        if target.scheme or target.netloc or not target.path:
-            continue  # external links and same-page anchors
-        assert (page.parent / urllib.parse.unquote(target.path)).resolve().is_file(), href
-    assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
 
 
 # Measures, once the page has loaded and its equations are typeset, what a reader would have
@@ -120,18 +88,60 @@ PROBE = """() => {
 }"""
 
 
-def layout(chromium, page, width):
-    """The probe's findings for `page` in a window `width` px wide."""
-    with headless.tab(chromium, page.as_uri(), width) as (tab, _):
-        return tab.evaluate(PROBE)
+@pytest.fixture(scope="module")
+def browser():
+    """page -> what a reader's browser shows of it, each page opened once (in a 1280 x 1800
+    window): its DOM, every request it made, a screenshot, and the layout probe, then the
+    probe again with the window narrowed to a 412 px phone screen."""
+    with headless.browser() as chromium:
+
+        @functools.cache
+        def look(page):
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            name = page.relative_to(HTML).as_posix().replace("/", "_")[:-5]
+            shot = SCREENSHOTS / f"{name}.png"
+            with headless.tab(chromium, page.as_uri(), 1280, 1800) as (tab, seen):
+                dom = tab.content()
+                tab.screenshot(path=shot)
+                laptop = tab.evaluate(PROBE)
+                tab.set_viewport_size({"width": 412, "height": 1000})
+                phone = tab.evaluate(PROBE)
+                requests = list(seen.requests)
+            return types.SimpleNamespace(
+                dom=dom, requests=requests, screenshot=shot, laptop=laptop, phone=phone
+            )
+
+        yield look
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(HTML)))
-def test_tables_figures_and_code_fit_the_column(page, chromium):
-    laptop = layout(chromium, page, 1280)
+def test_page_renders_offline(page, browser):
+    seen = browser(page)
+    parser = _Text()
+    parser.feed(seen.dom)
+    text = "".join(parser.parts)
+
+    if 'class="math' in page.read_text():  # the page has equations: MathJax must typeset them
+        assert "<mjx-container" in seen.dom, "MathJax did not run (is it bundled?)"
+    for raw in ("$$", "\\begin{", "\\frac", "\\(", "\\["):
+        assert raw not in text, f"untypeset TeX {raw!r} visible on the page"
+    assert "Traceback (most recent call last)" not in text
+    elsewhere = [url for url in seen.requests if not url.startswith(("file:", "data:", "blob:"))]
+    assert not elsewhere, f"the page asked for files from elsewhere: {elsewhere}"
+
+    for href in parser.links:
+        target = urllib.parse.urlparse(href)
+        if target.scheme or target.netloc or not target.path:
+            continue  # external links and same-page anchors
+        assert (page.parent / urllib.parse.unquote(target.path)).resolve().is_file(), href
+    assert seen.screenshot.stat().st_size > 20_000  # a rendered page, not a blank one
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(HTML)))
+def test_tables_figures_and_code_fit_the_column(page, browser):
+    laptop, phone = browser(page).laptop, browser(page).phone
     assert laptop["width"] >= 700, f"the content column is only {laptop['width']} px wide"
     assert not laptop["found"], "wider than the column at 1280 px:\n" + "\n".join(laptop["found"])
-    phone = layout(chromium, page, 412)
     assert phone["page"] <= 0, f"the page scrolls sideways by {phone['page']} px on a phone"
 
 
