@@ -70,9 +70,10 @@ def table3_changes(
 ):
     """Table 3 as changes from the base row: for each row (labels, top to bottom) a pair of
     horizontal bars, the paper's change and ours, in percent of the base row's value, named
-    by `series` (the paper's label, ours) in the legend. noise, if given, shades +-noise
-    percent around zero: how far our base row moves between seeds alone, so bars inside the
-    band are not distinguishable from the base. ours_range, if given, is a (lowest,
+    by `series` (the paper's label, ours) in the legend. noise, if given, is the base row's
+    range over seeds in percent (highest minus lowest), shaded on both sides of zero: a row
+    that changed nothing could differ from the base run by that much either way, so bars
+    inside the band are not distinguishable from the base. ours_range, if given, is a (lowest,
     highest) pair of arrays drawn as a whisker on each of our bars (the extremes over
     seeds)."""
     labels, paper, ours = list(labels), _as_array(paper), _as_array(ours)
@@ -80,9 +81,8 @@ def table3_changes(
     lines = max(label.count("\n") + 1 for label in labels)
     fig, ax = plt.subplots(figsize=(7, (0.2 + 0.2 * lines) * len(labels) + 1.4))
     if noise is not None:
-        ax.axvspan(
-            -noise, noise, color="0.85", label=f"base row's spread over seeds (±{noise:.1f}%)"
-        )
+        label = f"base row's seed range ({noise:.1f}%), each side of 0"
+        ax.axvspan(-noise, noise, color="0.85", label=label)
     ax.barh(y - 0.2, paper, height=0.4, color=PAPER, label=series[0])
     whiskers = None
     if ours_range is not None:
@@ -441,6 +441,21 @@ def against_length(sizes, series, title, ylabel, logy=True, legend_beside=False)
     return fig
 
 
+def connection_graphs(graphs, title):
+    """One panel per named (n, n) boolean connection graph (graphs = {label: matrix}): dark
+    where output i (row) reads input j (column) directly."""
+    fig, axes = plt.subplots(1, len(graphs), figsize=(7, 7 / len(graphs) + 0.9))
+    for ax, (label, graph) in zip(axes, graphs.items()):
+        ax.imshow(_as_array(graph).astype(float), cmap="Greys", vmin=0, vmax=1)
+        ax.set_title(textwrap.fill(label, 20), fontsize=8)
+        ax.set(xticks=[], yticks=[])
+        ax.set_xlabel("input j", fontsize=9)
+    axes[0].set_ylabel("output i", fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 # Figures of chapters 3.1 to 3.2.3 -------------------------------------------------------
 
 
@@ -460,28 +475,28 @@ def dot_product_variance(dims, measured):
     return curves(dims, series, title, "d_k", "variance", logx=True, logy=True, styles=styles)
 
 
-def softmax_saturation(dims, largest, jacobian_norms):
-    """Two panels over d_k: the mean largest softmax weight, and the mean norm of the softmax's
-    Jacobian with its standard error. largest = {label: one mean per d_k}; jacobian_norms =
-    {label: one tensor of per-query norms per d_k}."""
-    fig, axes = plt.subplots(1, 2, figsize=(7, 3.4))
-    for (label, values), marker in zip(largest.items(), "os"):
-        axes[0].plot(dims, values, marker + "-", label=label)
-    for (label, norms), marker in zip(jacobian_norms.items(), "os"):
-        norms = [_as_array(n) for n in norms]
-        mean = [n.mean() for n in norms]
-        error = [n.std(ddof=1) / np.sqrt(len(n)) for n in norms]
-        axes[1].errorbar(dims, mean, yerr=error, fmt=marker + "-", capsize=2, label=label)
-    axes[0].set(xscale="log", xlabel="d_k", ylabel="largest softmax weight", title="Saturation")
-    axes[1].set(
-        xscale="log",
-        yscale="log",
-        xlabel="d_k",
-        ylabel="norm of the softmax Jacobian",
-        title="Gradient of the softmax",
+def per_query_quantiles(dims, panels, logy=(), width=7.0):
+    """Per-query statistics over d_k, one panel each: for every series its median (line),
+    quartiles (dark band), 10% to 90% quantiles (light band) and mean (dotted).
+    panels = {ylabel: {label: one tensor of per-query values per d_k}}; logy: the panels
+    (by index) drawn on a log scale."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(width, 3.3), squeeze=False)
+    for i, (ax, (ylabel, series)) in enumerate(zip(axes[0], panels.items())):
+        for (label, values), marker in zip(series.items(), "os"):
+            values = [_as_array(v) for v in values]
+            q10, q25, median, q75, q90 = (
+                [np.quantile(v, q) for v in values] for q in (0.1, 0.25, 0.5, 0.75, 0.9)
+            )
+            (line,) = ax.plot(dims, median, marker + "-", label=f"{label}, median")
+            ax.fill_between(dims, q25, q75, color=line.get_color(), alpha=0.3, linewidth=0)
+            ax.fill_between(dims, q10, q90, color=line.get_color(), alpha=0.12, linewidth=0)
+            means = [v.mean() for v in values]
+            ax.plot(dims, means, ":", color=line.get_color(), label=f"{label}, mean")
+        ax.set(xscale="log", yscale="log" if i in logy else "linear", xlabel="d_k", ylabel=ylabel)
+        ax.legend(fontsize=7)
+    fig.suptitle(
+        "Per query: median, quartiles (dark), 10% to 90% (light), mean (dotted)", fontsize=9
     )
-    for ax in axes:
-        ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -564,7 +579,7 @@ def table3_comparison(comparison, noise, series, title):
     """Chapter 6.2's bars: table3_changes for every row of `comparison` but the base row, a
     frame indexed by the paper's labels with the columns "ours" (what the row changes at our
     scale), "paper ΔPPL %", "ΔPPL %" and our extremes over seeds, "lowest" and "highest";
-    noise is the base row's spread over seeds, in percent."""
+    noise is the base row's range over seeds (highest minus lowest), in percent."""
     changed = comparison.drop(index="base")
     return table3_changes(
         [f"{label}\nours: {ours}" for label, ours in zip(changed.index, changed["ours"])],
