@@ -7,6 +7,7 @@ GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
 
 import contextlib
 import copy
+import gzip
 import math
 import pathlib
 from dataclasses import dataclass, fields, replace
@@ -20,10 +21,6 @@ from torch import nn
 # --------------------------------------------------------------------------------------
 # 3.1 Encoder and Decoder Stacks, from chapters/03_1_encoder_decoder_stacks.ipynb
 # --------------------------------------------------------------------------------------
-
-class InputError(ValueError):
-    """A value given to the code is wrong; the message names it and says how to fix it."""
-
 
 class EncoderDecoder(nn.Module):
     """§3.1, Figure 1: the encoder maps the source symbols (x_1..x_n) to a sequence of
@@ -304,6 +301,10 @@ class Generator(nn.Module):
 # 3.5 Positional Encoding, from chapters/03_5_positional_encoding.ipynb
 # --------------------------------------------------------------------------------------
 
+class InputError(ValueError):
+    """A value given to the code is wrong; the message names it and says how to fix it."""
+
+
 def positional_encoding(max_len, d_model):
     """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i / d_model)), PE(pos, 2i+1) = cos(same).
     Returns the (max_len, d_model) float32 table; d_model is even (ModelConfig checks it),
@@ -401,30 +402,32 @@ class ModelConfig:
     relu_dropout: float = 0.0
 
     def __post_init__(self):
-        for name in ("N", "d_model", "d_ff", "h", "max_len", "d_k", "d_v"):
-            value = getattr(self, name)
-            if value is None and name in ("d_k", "d_v"):
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise InputError(f"{name} must be a positive integer, got {value!r}")
-        if (self.d_k is None or self.d_v is None) and self.d_model % self.h:
-            raise InputError(
-                f"d_model={self.d_model} is not divisible by h={self.h}: the paper uses "
-                f"d_k = d_v = d_model / h; pick an h that divides d_model or set d_k and d_v"
-            )
-        if self.d_model % 2:
-            raise InputError(
-                f"d_model={self.d_model} must be even for the sinusoidal encoding (§3.5)"
-            )
-        if self.positions not in ("sinusoidal", "learned"):
-            raise InputError(
-                f"positions must be 'sinusoidal' (§3.5) or 'learned' (Table 3 row E), "
-                f"got {self.positions!r}"
-            )
-        for name in ("dropout", "attention_dropout", "relu_dropout"):
-            value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
-                raise InputError(f"{name} must be a probability in [0, 1), got {value!r}")
+        check_model_config(self)  # below: a bad value raises an InputError naming it
+
+
+def check_model_config(c):
+    """Raise an InputError naming the first field of ModelConfig `c` that cannot build a model."""
+    for name in ("N", "d_model", "d_ff", "h", "max_len", "d_k", "d_v"):
+        value = getattr(c, name)
+        if value is None and name in ("d_k", "d_v"):
+            continue  # d_model / h
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise InputError(f"{name} must be a positive integer, got {value!r}")
+    if (c.d_k is None or c.d_v is None) and c.d_model % c.h:
+        raise InputError(
+            f"d_model={c.d_model} is not divisible by h={c.h}: the paper uses "
+            f"d_k = d_v = d_model / h; pick an h that divides d_model or set d_k and d_v"
+        )
+    if c.d_model % 2:
+        raise InputError(f"d_model={c.d_model} must be even for the sinusoidal encoding (§3.5)")
+    if c.positions not in ("sinusoidal", "learned"):
+        raise InputError(
+            f"positions must be 'sinusoidal' (§3.5) or 'learned' (Table 3 row E), "
+            f"got {c.positions!r}"
+        )
+    for name in ("dropout", "attention_dropout", "relu_dropout"):
+        if not 0.0 <= getattr(c, name) < 1.0:
+            raise InputError(f"{name} must be a probability in [0, 1), got {getattr(c, name)!r}")
 
 
 BASE = ModelConfig()
@@ -460,7 +463,7 @@ def build_model(src_vocab, tgt_vocab, config=BASE):
         nn.Sequential(Embeddings(c.d_model, tgt_vocab), copied(position)),
         Generator(c.d_model, tgt_vocab),
     )
-    # after the deep copies, so that no two layers start from the same weights
+    # after the deep copies, so that no two layers start with the same matrices
     model.apply(initialise)
     if c.share_embeddings:
         # §3.4: one matrix for both embeddings and the pre-softmax linear transformation
@@ -481,30 +484,10 @@ def initialise(module):
         module.reset_parameters()
 
 
-def make_model(
-    src_vocab,
-    tgt_vocab,
-    N=6,
-    d_model=512,
-    d_ff=2048,
-    h=8,
-    dropout=0.1,
-    share_embeddings=False,
-    fused=True,
-    **options,
-):
-    """The Transformer with the familiar Annotated Transformer keywords. Other ModelConfig
-    fields (pre_norm, max_len, d_k, d_v, ...) go in **options."""
-    config = ModelConfig(
-        N=N,
-        d_model=d_model,
-        d_ff=d_ff,
-        h=h,
-        dropout=dropout,
-        share_embeddings=share_embeddings,
-        fused=fused,
-        **options,
-    )
+def make_model(src_vocab, tgt_vocab, N=6, d_model=512, d_ff=2048, h=8, dropout=0.1, **options):
+    """The Transformer with the familiar Annotated Transformer keywords. Any other ModelConfig
+    field (share_embeddings, fused, pre_norm, max_len, d_k, d_v, ...) is a keyword too."""
+    config = ModelConfig(N=N, d_model=d_model, d_ff=d_ff, h=h, dropout=dropout, **options)
     return build_model(src_vocab, tgt_vocab, config)
 
 
@@ -530,6 +513,27 @@ def count_parameters(model):
 # --------------------------------------------------------------------------------------
 # 5 Training, from chapters/05_training.ipynb
 # --------------------------------------------------------------------------------------
+
+MULTI30K_SPLITS = {"train": "train", "val": "val", "test2016": "test_2016_flickr"}  # file stems
+
+
+def read_multi30k(folder, split, src_lang="de", tgt_lang="en"):
+    """§5.1 on Multi30k: the (source, target) sentence pairs of one split (train: 29000,
+    val: 1014, test2016: 1000), read from its two aligned .gz files in `folder`."""
+    if split not in MULTI30K_SPLITS:
+        raise InputError(f"split must be one of {sorted(MULTI30K_SPLITS)}, got {split!r}")
+    if {src_lang, tgt_lang} != {"de", "en"}:
+        raise InputError(
+            "src_lang and tgt_lang must be 'de' and 'en', in either order, got "
+            f"src_lang={src_lang!r}, tgt_lang={tgt_lang!r}"
+        )
+    sides = []
+    for lang in (src_lang, tgt_lang):
+        path = pathlib.Path(folder) / f"{MULTI30K_SPLITS[split]}.{lang}.gz"
+        with gzip.open(path, "rt", encoding="utf-8") as file:
+            sides.append([line.rstrip("\n") for line in file])
+    return list(zip(*sides, strict=True))  # the published files are aligned line by line
+
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]  # ids 0, 1, 2, 3 in this order
@@ -630,17 +634,6 @@ def batch_by_tokens(lengths, max_tokens, seed=0, shuffle=True):
     if shuffle:
         batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
     return batches
-
-
-def padding_fraction(batches, lengths):
-    """Share of the padded (batch x longest) source+target cells that are padding."""
-    real = padded = 0
-    for batch in batches:
-        for side in (0, 1):
-            longest = max(lengths[i][side] for i in batch)
-            real += sum(lengths[i][side] for i in batch)
-            padded += longest * len(batch)
-    return 1 - real / padded
 
 
 class EncodedCorpus:
@@ -837,10 +830,6 @@ def copy_task_pairs(n, vocab, length, generator):
     return [(seq + [EOS_ID], [BOS_ID] + seq + [EOS_ID]) for seq in data]
 
 
-# --------------------------------------------------------------------------------------
-# 6.1 Machine Translation, from chapters/06_1_machine_translation.ipynb
-# --------------------------------------------------------------------------------------
-
 def positive_int(name, value):
     """value, if it is a positive integer (a bool is not); otherwise an InputError naming it."""
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -884,6 +873,10 @@ def greedy_decode(model, src, src_mask, max_len=None, start_symbol=BOS_ID, end_s
             break
     return ys
 
+
+# --------------------------------------------------------------------------------------
+# 6.1 Machine Translation, from chapters/06_1_machine_translation.ipynb
+# --------------------------------------------------------------------------------------
 
 def length_penalty(length, alpha):
     """The length penalty of Wu et al. (2016), which §6.1 uses with alpha = 0.6:

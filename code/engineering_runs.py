@@ -7,7 +7,6 @@ GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
 import contextlib
 import copy
 import dataclasses
-import gzip
 import hashlib
 import itertools
 import json
@@ -46,6 +45,7 @@ from annotated_transformer import (
     numeric,
     rate,
     read_checkpoint,
+    read_multi30k,
     train_bpe,
     translate,
     validation_loss,
@@ -58,7 +58,6 @@ from fast_decoding import fast_decode_batch
 # --------------------------------------------------------------------------------------
 
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
-MULTI30K_SPLITS = {"train": "train", "val": "val", "test2016": "test_2016_flickr"}
 # SHA-256 of the gzip files as published; a download or local copy that differs is refused
 MULTI30K_SHA256 = {
     "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
@@ -149,21 +148,18 @@ def multi30k_file(filename, data_dir=None, base_url=MULTI30K_URL):
     return path
 
 
+def multi30k_folder(data_dir=None, base_url=MULTI30K_URL):
+    """A folder in which all six Multi30k files are verified against their SHA-256: data_dir
+    (or $MULTI30K_DIR) when given, otherwise the cache, where what is missing is downloaded.
+    Chapter 5's read_multi30k reads a split from it."""
+    paths = [multi30k_file(name, data_dir, base_url) for name in MULTI30K_SHA256]
+    return paths[0].parent
+
+
 def load_multi30k(split, src_lang="de", tgt_lang="en", data_dir=None, base_url=MULTI30K_URL):
-    """§5.1 on Multi30k: the aligned (source, target) sentence pairs of one split
-    (train: 29000, val: 1014, test2016: 1000), each file verified against its SHA-256."""
-    if split not in MULTI30K_SPLITS or {src_lang, tgt_lang} != {"de", "en"}:
-        raise InputError(
-            f"split must be one of {sorted(MULTI30K_SPLITS)} and src_lang, tgt_lang 'de' and "
-            f"'en' in either order; got split={split!r}, src_lang={src_lang!r}, "
-            f"tgt_lang={tgt_lang!r}"
-        )
-    sides = []
-    for lang in (src_lang, tgt_lang):
-        path = multi30k_file(f"{MULTI30K_SPLITS[split]}.{lang}.gz", data_dir, base_url)
-        with gzip.open(path, "rt", encoding="utf-8") as file:
-            sides.append([line.rstrip("\n") for line in file])
-    return list(zip(*sides, strict=True))  # the published files are aligned line by line
+    """The pairs of one split in one call, as the scripts take them: chapter 5's
+    read_multi30k on the verified folder of multi30k_folder."""
+    return read_multi30k(multi30k_folder(data_dir, base_url), split, src_lang, tgt_lang)
 
 
 AMP_CHOICES = ("auto", "bf16", "fp16", "off", "fastest")

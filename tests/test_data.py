@@ -1,5 +1,6 @@
-"""§5.1 data: Multi30k read from a local copy or downloaded, always verified by SHA-256,
-and a shared BPE vocabulary. No network: downloads are exercised with file:// addresses
+"""§5.1 data: Multi30k read from a folder (chapter 5's read_multi30k), the folder a local
+copy or downloaded, always verified by SHA-256 (the engineering page), and a shared BPE
+vocabulary. No network: downloads are exercised with file:// addresses
 and an unreachable local port."""
 
 import gzip
@@ -42,6 +43,53 @@ def copy_of_data(folder, corrupt=None):
     return folder
 
 
+def gzip_file(path, lines):
+    with gzip.open(path, "wt", encoding="utf-8") as file:
+        file.write("".join(line + "\n" for line in lines))
+
+
+def test_read_multi30k_pairs_the_two_files_of_a_split_line_by_line(tmp_path):
+    gzip_file(tmp_path / "val.de.gz", ["Ein Hund läuft.", "Zwei Männer, ein Boot"])
+    gzip_file(tmp_path / "val.en.gz", ["A dog runs.", "Two men, one boat"])
+    gzip_file(tmp_path / "test_2016_flickr.de.gz", ["Ein Kind."])
+    gzip_file(tmp_path / "test_2016_flickr.en.gz", ["A child."])
+    assert at.read_multi30k(tmp_path, "val") == [
+        ("Ein Hund läuft.", "A dog runs."),
+        ("Zwei Männer, ein Boot", "Two men, one boat"),
+    ]
+    assert at.read_multi30k(str(tmp_path), "val", "en", "de")[1] == (
+        "Two men, one boat",
+        "Zwei Männer, ein Boot",
+    )
+    assert at.read_multi30k(tmp_path, "test2016") == [("Ein Kind.", "A child.")]
+    with pytest.raises(FileNotFoundError, match=r"train\.de\.gz"):
+        at.read_multi30k(tmp_path, "train")
+
+
+def test_read_multi30k_names_what_is_wrong(tmp_path):
+    with pytest.raises(
+        at.InputError, match=r"split must be one of \['test2016', 'train', 'val'\], got 'dev'"
+    ):
+        at.read_multi30k(tmp_path, "dev")
+    with pytest.raises(at.InputError, match=r"'de' and 'en', in either order, got src_lang='fr'"):
+        at.read_multi30k(tmp_path, "val", src_lang="fr")
+    with pytest.raises(at.InputError, match="src_lang='de', tgt_lang='de'"):
+        at.read_multi30k(tmp_path, "val", "de", "de")
+
+
+def test_read_multi30k_refuses_files_that_are_not_aligned(tmp_path):
+    gzip_file(tmp_path / "val.de.gz", ["Eins.", "Zwei."])
+    gzip_file(tmp_path / "val.en.gz", ["One."])
+    with pytest.raises(ValueError, match="shorter"):
+        at.read_multi30k(tmp_path, "val")
+
+
+@needs_data
+def test_the_verified_folder_holds_all_six_files(isolated):
+    assert eng.multi30k_folder(data_dir=LOCAL_COPY) == LOCAL_COPY
+    assert eng.load_multi30k("val", data_dir=LOCAL_COPY) == at.read_multi30k(LOCAL_COPY, "val")
+
+
 @needs_data
 def test_local_copy_gives_aligned_pairs_of_every_split(isolated):
     sizes = {"train": 29000, "val": 1014, "test2016": 1000}
@@ -63,7 +111,7 @@ def test_environment_variable_points_at_the_local_copy(isolated, monkeypatch):
 
 
 def test_missing_local_file_says_what_to_set(isolated):
-    with pytest.raises(eng.DatasetError, match=r"val\.de\.gz.*MULTI30K_DIR"):
+    with pytest.raises(eng.DatasetError, match=r"train\.de\.gz.*MULTI30K_DIR"):
         eng.load_multi30k("val", data_dir=isolated / "empty")
 
 
@@ -80,7 +128,7 @@ def test_download_is_verified_and_cached(isolated):
     pairs = eng.load_multi30k("val", base_url=mirror.as_uri() + "/")
     assert len(pairs) == 1014
     cached = sorted(p.name for p in eng.default_cache_dir().iterdir())
-    assert cached == ["val.de.gz", "val.en.gz"]
+    assert cached == sorted(eng.MULTI30K_SHA256)  # the folder is complete once verified
     # a second call reads the verified cache and needs no network
     assert eng.load_multi30k("val", base_url=UNREACHABLE) == pairs
 
@@ -92,7 +140,9 @@ def test_corrupt_download_is_discarded(isolated):
         eng.DatasetError, match="could not download .*SHA-256 is not .*nothing was kept"
     ):
         eng.load_multi30k("val", base_url=mirror.as_uri() + "/")
-    assert not any(eng.default_cache_dir().iterdir())  # neither the file nor a .part
+    # the files verified before it are kept; of the corrupt one, neither the file nor a .tmp
+    kept = sorted(p.name for p in eng.default_cache_dir().iterdir())
+    assert kept == ["train.de.gz", "train.en.gz"]
 
 
 def test_no_network_and_no_local_copy_says_what_to_set(isolated):
@@ -129,13 +179,14 @@ def test_interrupted_download_leaves_nothing_behind(isolated, monkeypatch):
     assert not any(eng.default_cache_dir().iterdir())
 
 
+@needs_data
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="split must be one of"):
-        eng.load_multi30k("dev")
-    with pytest.raises(ValueError, match="'de' and 'en' in either order; .*src_lang='fr'"):
-        eng.load_multi30k("val", src_lang="fr")
+        eng.load_multi30k("dev", data_dir=LOCAL_COPY)
+    with pytest.raises(ValueError, match="'de' and 'en', in either order, .*src_lang='fr'"):
+        eng.load_multi30k("val", src_lang="fr", data_dir=LOCAL_COPY)
     with pytest.raises(ValueError, match="tgt_lang='de'"):
-        eng.load_multi30k("val", "de", "de")
+        eng.load_multi30k("val", "de", "de", data_dir=LOCAL_COPY)
 
 
 # ---- BPE ---------------------------------------------------------------------------------
