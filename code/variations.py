@@ -28,6 +28,7 @@ skipped, so an interrupted sweep continues where it stopped.
 
 import argparse
 import itertools
+import math
 import sys
 import tempfile
 import time
@@ -291,6 +292,22 @@ def compare(results, paper_rows, rows=CPU_ROWS):
             }
         )
     return pd.DataFrame(lines).set_index("row")
+
+
+def paired_changes(results, column="val_ppl", percent=True):
+    """Each row's change from the base run of the same seed, seed by seed, set against its own
+    spread: a DataFrame indexed by row (base excluded, in the CSV's order) with one column per
+    seed, then "mean", "sd" (over the seeds) and "t", the paired t statistic mean / (sd /
+    sqrt(seeds)). Changes are in percent of the base run's value with `percent`, else in the
+    column's units (BLEU points)."""
+    base = results[results["row"] == "base"].set_index("seed")[column]
+    runs = results[results["row"] != "base"].pivot(index="row", columns="seed", values=column)
+    runs = runs.loc[results.loc[results["row"] != "base", "row"].unique()]
+    change = 100 * (runs / base - 1) if percent else runs - base
+    table = change.copy()
+    table["mean"], table["sd"] = change.mean(axis=1), change.std(axis=1)
+    table["t"] = table["mean"] / (table["sd"] / math.sqrt(change.shape[1]))
+    return table
 
 
 def selected_rows(scale, wanted):
