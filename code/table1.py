@@ -1,5 +1,7 @@
 """Table 1 of "Attention Is All You Need", measured: the four layer types of §4, their
-floating-point operations, sequential operations and maximum path lengths.
+floating-point operations, sequential operations and maximum path lengths, each measured on
+the layers themselves (the path lengths by a search over the connection graphs that autograd
+reads off the layers).
 
 Helpers for chapters/04_why_self_attention.ipynb. Not part of the Transformer module: these
 are minimal layers made to be compared, each mapping a (batch, n, d) sequence to another.
@@ -11,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
 # ---- the four layer types -------------------------------------------------------------------
@@ -58,16 +61,30 @@ class RecurrentLayer(nn.Module):
             outputs.append(h)
         return torch.stack(outputs, dim=1)
 
+    def at_once(self, x, previous):
+        """The same arithmetic with every h_{t-1} given in advance (previous, the shape of x):
+        all n steps in one call, which the recurrence itself does not allow."""
+        return torch.tanh(self.w(previous) + self.u(x))
+
 
 class ConvolutionalLayer(nn.Module):
-    """A 1-D convolution of kernel width k (odd), padded to keep the length. O(k n d^2)."""
+    """A 1-D convolution of kernel width k, padded to keep the length. O(k n d^2). Centred (k
+    odd), output i reads inputs i - (k - 1) / 2 to i + (k - 1) / 2; causal, as in ByteNet's
+    decoder and WaveNet, it reads inputs i, i - dilation, ..., i - (k - 1) dilation."""
 
-    def __init__(self, d, k, dilation=1):
+    def __init__(self, d, k, dilation=1, causal=False):
         super().__init__()
-        self.conv = nn.Conv1d(d, d, k, dilation=dilation, padding=dilation * (k // 2), bias=False)
+        if not causal and k % 2 == 0:
+            raise ValueError(f"a centred kernel needs an odd width k, got {k}")
+        self.past = dilation * (k - 1) if causal else 0  # zeros before the sequence
+        padding = 0 if causal else dilation * (k // 2)
+        self.conv = nn.Conv1d(d, d, k, dilation=dilation, padding=padding, bias=False)
 
     def forward(self, x):
-        return self.conv(x.transpose(1, 2)).transpose(1, 2)
+        x = x.transpose(1, 2)  # (batch, d, n)
+        if self.past:
+            x = F.pad(x, (self.past, 0))
+        return self.conv(x).transpose(1, 2)
 
 
 # ---- complexity: operations per layer --------------------------------------------------------
@@ -99,15 +116,22 @@ class _LargestTensor(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for tensor in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(tensor, torch.Tensor):
-                self.largest = max(self.largest, tensor.numel() * tensor.element_size())
+        inputs = {_storage(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for tensor in tree_leaves(out):
+            # a view (unfold's windows, a transpose) shares its input's memory: nothing new
+            if isinstance(tensor, torch.Tensor) and _storage(tensor) not in inputs:
+                self.largest = max(self.largest, tensor.untyped_storage().nbytes())
         return out
 
 
+def _storage(tensor):
+    return tensor.untyped_storage().data_ptr()
+
+
 def largest_intermediate_bytes(module, x):
-    """Bytes of the largest tensor any operation of module(x) produces: the memory a layer
-    must hold at once (the n x n score matrix of self-attention, for instance)."""
+    """Bytes of the largest tensor any operation of module(x) allocates: the memory a layer
+    must hold at once (the n x n score matrix of self-attention, for instance). Views, which
+    share the memory of the tensor they view, allocate nothing and are not counted."""
     with torch.no_grad(), _LargestTensor() as recorder:
         module(x)
     return recorder.largest
@@ -144,44 +168,72 @@ def graph_depth(output):
 # ---- maximum path length -------------------------------------------------------------------
 
 
-def receptive_offsets(layer_type, layer, k=3, r=3):
-    """Offsets j - i of the inputs j that output i reads directly, in stacked layer `layer`
-    (0, 1, ...). The recurrent "layer" is one step of the recurrence; the dilated
-    convolution is causal with dilation k^layer (so L layers see k^L positions back)."""
+def connections(module, n, d=2):
+    """Which inputs each output of module reads, read off autograd: an (n, n) boolean matrix,
+    True at (i, j) when output position i depends on input position j, that is when the
+    gradient of output i (its d features weighted at random) with respect to input j is
+    nonzero. One backward pass: copy b of a batch of n copies of one random input carries the
+    gradient of output b."""
+    x = torch.randn(1, n, d).repeat(n, 1, 1).requires_grad_()
+    outputs = module(x)[torch.arange(n), torch.arange(n)]  # output b of copy b: (n, d)
+    (outputs * torch.randn(d)).sum().backward()
+    return x.grad.abs().sum(-1) > 0
+
+
+def layer_graph(layer_type, n, layer=0, k=3, r=3):
+    """The connection graph of layer `layer` (0, 1, ...) of a stack of one layer type, as
+    connections reads it off the layer itself: output i reads input j directly. The
+    recurrent "layer" is one step of the recurrence, in which h_i reads h_{i-1} and x_i; the
+    dilated convolution is causal with dilation k^layer (so L layers see k^L positions back)."""
     if layer_type == "recurrent":
-        return [-1, 0]
-    if layer_type == "convolutional":
-        return range(-(k // 2), k // 2 + 1)
-    if layer_type == "dilated convolutional":  # causal, as in ByteNet's decoder and WaveNet
-        return [-step * k**layer for step in range(k)]
-    if layer_type == "restricted self-attention":
-        return range(-(r // 2), r // 2 + 1)
-    raise ValueError(f"unknown layer type {layer_type!r}")
+        offset = torch.arange(n)[:, None] - torch.arange(n)[None, :]  # i - j
+        return (offset == 0) | (offset == 1)
+    make = {
+        "self-attention": lambda: SelfAttentionLayer(),
+        "convolutional": lambda: ConvolutionalLayer(2, k),
+        "dilated convolutional": lambda: ConvolutionalLayer(2, k, k**layer, causal=True),
+        "restricted self-attention": lambda: RestrictedSelfAttentionLayer(r),
+    }
+    if layer_type not in make:
+        raise ValueError(f"unknown layer type {layer_type!r}")
+    with torch.random.fork_rng():  # the page's random numbers stay as they were
+        torch.manual_seed(0)
+        return connections(make[layer_type](), n)
 
 
-def max_path_length(layer_type, n, k=3, r=3, limit=100_000):
-    """The longest, over all pairs of positions, of the shortest path between them through
-    stacked layers: how many layers (recurrence steps) until every output position depends
-    on every input position. Computed by breadth-first propagation of dependency sets."""
-    if layer_type == "self-attention":
-        return 1 if n > 1 else 0
-    full = (1 << n) - 1
-    if layer_type in ("recurrent", "dilated convolutional"):
-        # causal layers carry information forwards only: output i can depend on inputs <= i
-        full_of = [(1 << (i + 1)) - 1 for i in range(n)]
-    else:
-        full_of = [full] * n
+def stacked_path_length(graph, n, limit=100_000):
+    """Breadth-first search through a stack of layers, graph(layer) being the (n, n)
+    connection graph of layer `layer` (0, 1, ...): stack layers until one more connects no
+    new pair of positions, and return how many that took. As each position reads itself, it
+    is the longest, over all pairs the stack connects, of the fewest layers between them.
+    The set of inputs each position depends on is kept as the bits of an integer."""
     depends = [1 << i for i in range(n)]  # after 0 layers, position i knows only itself
+    edges = {}  # the (output, input) pairs of each distinct graph
     for layers in range(limit):
-        if all(depends[i] == full_of[i] for i in range(n)):
+        reads = graph(layers)
+        if id(reads) not in edges:
+            if not bool(reads.diagonal().all()):
+                raise ValueError(f"layer {layers}: every position must read itself")
+            edges[id(reads)] = reads, reads.nonzero().tolist()
+        stacked = [0] * n
+        for i, j in edges[id(reads)][1]:
+            stacked[i] |= depends[j]
+        if stacked == depends:
             return layers
-        offsets = receptive_offsets(layer_type, layers, k, r)
-        depends = [_union(depends[i + o] for o in offsets if 0 <= i + o < n) for i in range(n)]
-    raise RuntimeError(f"{layer_type}: positions still unconnected after {limit} layers")
+        depends = stacked
+    raise RuntimeError(f"positions still being connected after {limit} layers")
 
 
-def _union(masks):
-    total = 0
-    for mask in masks:
-        total |= mask
-    return total
+def max_path_length(layer_type, n, k=3, r=3):
+    """The maximum path length of Table 1 for n positions: how many layers (recurrence steps)
+    a stack of this layer type needs until every output depends on every input it can depend
+    on, found by stacked_path_length over the layers' connection graphs (layer_graph)."""
+    graphs = {}
+
+    def graph(layer):
+        key = layer if layer_type == "dilated convolutional" else 0  # the others repeat
+        if key not in graphs:
+            graphs[key] = layer_graph(layer_type, n, layer, k, r)
+        return graphs[key]
+
+    return stacked_path_length(graph, n)
