@@ -109,7 +109,7 @@ def start_decoding(model, src, src_mask, cache):
 def fast_greedy_decode(
     model, src, src_mask, max_len=None, start_symbol=BOS_ID, end_symbol=EOS_ID, cache=True
 ):
-    """Chapter 6.1's greedy_decode with the decoder of start_decoding: the same tokens."""
+    """Chapter 5's greedy_decode with the decoder of start_decoding: the same tokens."""
     limits = output_limits(src_mask, max_len)
     decoder = start_decoding(model, src, src_mask, cache)
     ys = torch.full((src.size(0), 1), start_symbol, dtype=torch.long, device=src.device)
