@@ -433,16 +433,19 @@ def link_history(data):
 
 
 def strongest_head(statistics, kind, column):
-    """The head ("layer.head") with the largest `column` among the statistics of `kind`."""
-    row = max(statistics[kind], key=lambda r: r[column])
+    """The head ("layer.head") with the largest `column` among the statistics of `kind`; a
+    column named with a leading "-" ("-offset") picks the smallest."""
+    pick, name = (min, column[1:]) if column.startswith("-") else (max, column)
+    row = pick(statistics[kind], key=lambda r: r[name])
     return f"{row['layer']}.{row['head']}"
 
 
 # the claims chapter 7 makes about a head: the kind of attention, and the statistic whose
-# largest value singles the head out
+# largest value ("-" in front: smallest) singles the head out
 CLAIMS = [
     ("encoder_self", "self"),
-    ("encoder_self", "punct_eos"),
+    ("encoder_self", "offset"),
+    ("encoder_self", "-offset"),
     ("decoder_self", "previous"),
     ("decoder_self", "self"),
     ("encoder_decoder", "aligned"),
@@ -456,7 +459,7 @@ def claim_history(data, claims=CLAIMS):
     reading-order baseline of encoder-decoder alignment ("diagonal", the same for every
     head)."""
     chosen = {
-        f"{SHORT[kind]} {head}, {column}": (kind, head, column)
+        f"{SHORT[kind]} {head}, {column.lstrip('-')}": (kind, head, column.lstrip("-"))
         for kind, column in claims
         for head in [strongest_head(data["statistics"], kind, column)]
     }

@@ -400,6 +400,9 @@ def test_head_table_is_indexed_by_head_with_uniform_attention_last():
     assert source.loc["uniform", ["aligned", "reordered_aligned"]].isna().all()
     assert source.loc["2.2", "aligned"] == 1.0  # "says" and "man" (the lexicon) both hit
     assert attention_maps.strongest_head(data["statistics"], "encoder_decoder", "aligned") == "2.2"
+    lowest = min(data["statistics"]["encoder_self"], key=lambda r: r["offset"])
+    found = attention_maps.strongest_head(data["statistics"], "encoder_self", "-offset")
+    assert found == f"{lowest['layer']}.{lowest['head']}"
 
 
 def test_top_words_name_each_heads_largest_weight_per_output_token():
