@@ -209,7 +209,8 @@ class AttentionCache:
         self.keys, self.values = (b[:, :, : self.keys.size(2)] for b in self.buffers)
 
     def copy_rows(self, source, target):
-        """Copy row source[i] over row target[i], in place; no target may be a source."""
+        """Copy row source[i] over row target[i], in place. The sources are gathered first,
+        so a target may also be a source: any placement of the hypotheses is followed."""
         for buffer in (self.keys, self.values):
             buffer.index_copy_(0, target, buffer.index_select(0, source))
 

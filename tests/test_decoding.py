@@ -112,7 +112,7 @@ def test_beam_search_copies_only_the_rows_of_second_extensions(monkeypatch):
     copies, original = [], fd.AttentionCache.copy_rows
 
     def recording(self, source, target):
-        assert not set(target.tolist()) & set(source.tolist())  # in place: never read after written
+        assert not set(target.tolist()) & set(source.tolist())  # beam_slots: into unextended rows
         copies.append(target.numel())
         return original(self, source, target)
 
