@@ -221,3 +221,5 @@ def test_views_allocate_nothing():
     assert (
         table1.largest_intermediate_bytes(restricted, torch.randn(1, n, d)) == (n + r - 1) * d * 4
     )
+    # with more than one sentence the products copy the windows: batch x n x r x d floats
+    assert table1.largest_intermediate_bytes(restricted, torch.randn(2, n, d)) == 2 * n * r * d * 4
