@@ -14,11 +14,11 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from host_work import host_work
 
 import annotated_transformer as at
 import engineering_runs as eng
 import fast_decoding as fd
+from host_work import host_work
 from toy import TINY, quiet, toy_pairs
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -732,7 +732,7 @@ def test_amp_auto_picks_bf16_only_where_the_gpu_computes_in_it(capability, expec
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     assert eng.autocast_dtype("auto", "cuda:1") is expected
     assert asked == [torch.device("cuda:1")]  # the training device, not the current one
-    assert eng.autocast_dtype("fastest", "cuda:1") is None  # float32 (TF32) was faster
+    assert eng.autocast_dtype("fastest", "cuda:1") is None  # float32 (TF32): multi30k's start
     assert eng.autocast_dtype("auto", "cpu") is None
 
 
