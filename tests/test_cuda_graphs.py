@@ -9,7 +9,6 @@ import dataclasses
 
 import pytest
 import torch
-from host_work import host_work
 
 import annotated_transformer as at
 import engineering_runs as eng
@@ -37,6 +36,7 @@ from cuda_graphs import (
     capturable_step,
     make_capturable_optimizer,
 )
+from host_work import host_work
 from toy import TINY, quiet, toy_pairs
 
 VOCAB = 20
