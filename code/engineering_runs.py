@@ -493,8 +493,9 @@ PROFILES = {
     # batch, on the reference attention (the stored CPU benchmarks time it level with the fused
     # kernel, for a 2-layer model of this width and for base). As many
     # steps as fit in 885 s of training (a margin under 900 s for the pace to vary), the
-    # rate cooled down to zero over the last fifth of them, and §5.4's dropout: a faster
-    # machine makes more steps, and more steps make a better model, not an overfitted one
+    # rate cooled down to zero over the last fifth of those after warm-up, and §5.4's
+    # dropout: a faster machine makes more steps, and more steps make a better model, not an
+    # overfitted one
     "fast": RunConfig(
         model=replace(SMALL, N=2, h=8, d_ff=512, share_embeddings=True, fused=False),
         vocab_size=5000,
