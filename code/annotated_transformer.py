@@ -439,7 +439,7 @@ SMALL = replace(BASE, N=2, d_model=256, d_ff=1024, h=4)
 def build_model(src_vocab, tgt_vocab, config=BASE):
     """The full Transformer of Figure 1 from a ModelConfig; see make_model."""
     for name, value in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab)):
-        if not isinstance(value, int) or value <= 0:
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise InputError(f"{name} must be a positive integer, got {value!r}")
     if config.share_embeddings and src_vocab != tgt_vocab:
         raise InputError(

@@ -291,6 +291,9 @@ def test_bad_vocabularies_raise_value_error():
         at.make_model(100, 120, N=1, share_embeddings=True)
     with pytest.raises(ValueError, match="tgt_vocab must be a positive integer"):
         at.make_model(100, 0, N=1)
+    # True is an int to Python; refused here rather than deep inside torch's embedding
+    with pytest.raises(ValueError, match="src_vocab must be a positive integer, got True"):
+        at.build_model(True, True, at.SMALL)
 
 
 def test_explicit_d_k_and_d_v_size_the_projections():
