@@ -6,7 +6,7 @@ torch.nn.Transformer, timed with torch.utils.benchmark in one process, in interl
     python code/benchmark.py --device cuda --config base small --out benchmarks/results/cuda.json
     python code/benchmark.py --quick --out /tmp/smoke.json       # a tiny smoke run, seconds
 
-train/* rows time one at.train_step (forward, fused label-smoothed loss, backward, Adam with
+train/* rows time one eng.train_step_amp (forward, fused label-smoothed loss, backward, Adam with
 Eq. (3)) of our model (fused and reference attention; bf16 autocast where the hardware computes
 in bf16) and of torch.nn.Transformer inside our embeddings and generator. The base and small
 configurations train on a batch of random ids; multi30k trains the model of that training
@@ -168,7 +168,7 @@ def bf16_peak_flops(device_name):
 class TorchTransformer(nn.Module):
     """The baseline: torch.nn.Transformer with the sizes of a ModelConfig (post-LN, ReLU,
     batch_first), inside the same at.Embeddings, at.PositionalEncoding and at.Generator as
-    our model, with the interface of at.EncoderDecoder, so at.train_step trains both alike.
+    our model, with the interface of at.EncoderDecoder, so one training step trains both alike.
 
     Known differences from our model: nn.MultiheadAttention has biases on its four
     projections (4 d_model per attention module), and nn.Transformer closes the encoder and

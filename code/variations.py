@@ -17,7 +17,7 @@ run that changes the same field(s) of a base configuration, scaled to the chosen
   tiny  a toy model for tests and for the chapter's live check; not a result.
 
 Every run trains from scratch for the same number of steps with the training function that
-code/train.py uses (annotated_transformer.train; the log gives the equivalent train.py
+code/train.py uses (engineering_runs.train; the log gives the equivalent train.py
 command), then is scored on Multi30k val: perplexity per BPE token without label smoothing
 (validation_perplexity) and sacreBLEU of greedy (beam 1) or beam-search translations.
 Every row is trained with each of --seeds (initialisation, batch order, dropout), so that a
