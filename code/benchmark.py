@@ -221,13 +221,6 @@ class TorchTransformer(nn.Module):
         )
 
 
-def bf16_native(device):
-    """Whether `device` multiplies bf16 natively (eng.native_bf16: a GPU of compute capability
-    8.0 or later, a CPU with AVX-512 BF16 or AMX); elsewhere bf16 autocast only converts,
-    slower than fp32."""
-    return eng.native_bf16(device)
-
-
 def random_ids(bench, seed=0):
     """bench.batch pairs of random ids shaped like at.encode_pairs' output, no padding: a
     source of bench.seq tokens ending in </s>, a target <s> ... </s> of bench.seq + 1."""
@@ -615,7 +608,7 @@ def side_by_side(run):
 def run_config(bench, device, args, log):
     """Build, warm up, time and summarise every row of one configuration. Returns its JSON
     record and, for Compare, one Measurement per row holding its per-round times."""
-    bf16 = args.bf16 == "on" or (args.bf16 == "auto" and bf16_native(device))
+    bf16 = args.bf16 == "on" or (args.bf16 == "auto" and eng.native_bf16(device))
     why_not = "--bf16 off" if args.bf16 == "off" else "no native bf16 (CPU: AVX-512 BF16, AMX)"
     peak = bf16_peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     if isinstance(bench, ProfileBench):
@@ -712,7 +705,7 @@ def main(argv=None, log=None):
         "hardware": {
             "description": eng.hardware_description(device),
             "cpu_count": os.cpu_count(),
-            "bf16_native": bf16_native(device),
+            "bf16_native": eng.native_bf16(device),
             "gpu": gpu,
             "gpu_bf16_peak_flops": bf16_peak_flops(gpu) if gpu else None,
             "threads": torch.get_num_threads(),

@@ -80,6 +80,7 @@ def parse_arm(text):
     return N, warmup
 
 
+@cli.user_errors_exit_2("warmup_ablation.py")
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

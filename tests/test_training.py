@@ -109,6 +109,16 @@ def test_warmup_ablation_small_run_writes_one_row_per_logged_step_and_the_machin
     assert all(math.isfinite(float(r["loss"])) for r in rows)
 
 
+def test_warmup_ablation_ends_a_users_error_with_one_line_and_exit_2(tmp_path, capsys):
+    import warmup_ablation
+
+    # --out names a folder, not a file: an error on the path the user typed
+    argv = ["--out", str(tmp_path), "--steps", "2", "--log-every", "1", "--seeds", "0"]
+    assert warmup_ablation.main([*argv, "--arms", "1:0"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("warmup_ablation.py: ") and "\n" not in error and str(tmp_path) in error
+
+
 def test_fit_follows_the_schedule_it_is_given_in_place_of_equation_3():
     corpus = at.EncodedCorpus(at.copy_task_pairs(50, 12, 5, torch.Generator().manual_seed(0)))
     config = at.TrainConfig(model=at.ModelConfig(N=1, d_model=16, d_ff=32, h=2), max_steps=3)
