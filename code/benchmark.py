@@ -696,7 +696,9 @@ def main(argv=None, log=None):
     command = ["python code/benchmark.py", *(sys.argv[1:] if argv is None else argv)]
     names = "device", "rounds", "warmup", "min_seconds", "bf16", "compile"
     settings = {k: vars(args)[k] for k in names}
-    settings.update(decode_end_symbol=NEVER, tf32=torch.backends.cuda.matmul.allow_tf32)
+    settings.update(
+        decode_end_symbol=NEVER, tf32=torch.backends.cuda.matmul.fp32_precision == "tf32"
+    )
     results = {
         "schema": SCHEMA,
         "command": " ".join(command),

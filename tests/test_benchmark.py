@@ -435,6 +435,20 @@ def test_an_output_folder_that_cannot_be_made_exits_2_before_measuring(tmp_path,
     assert captured.out == ""  # nothing was measured
 
 
+def test_the_recorded_tf32_setting_is_read_as_training_sets_it(tmp_path):
+    """Training sets TF32 through fp32_precision; reading the legacy allow_tf32 after that
+    raises in torch (a mix of the two APIs), so the benchmark reads the same flag."""
+    out = tmp_path / "quick.json"
+    saved = torch.backends.cuda.matmul.fp32_precision
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    try:
+        argv = ["--quick", "--threads", "1", "--tokenizer-cache", str(tmp_path), "--out", str(out)]
+        assert benchmark.main(argv, log=lambda _: None) == 0
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = saved
+    assert json.loads(out.read_text())["settings"]["tf32"] is True
+
+
 def test_quick_run_writes_json_with_every_row_and_ratio(tmp_path, capsys):
     out = tmp_path / "results" / "quick.json"
     torch.set_num_threads(2)
