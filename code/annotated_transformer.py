@@ -305,6 +305,13 @@ class InputError(ValueError):
     """A value given to the code is wrong; the message names it and says how to fix it."""
 
 
+def positive_int(name, value):
+    """value, if it is a positive integer (a bool is not); otherwise an InputError naming it."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise InputError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
 def positional_encoding(max_len, d_model):
     """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i / d_model)), PE(pos, 2i+1) = cos(same).
     Returns the (max_len, d_model) float32 table; d_model is even (ModelConfig checks it),
@@ -411,8 +418,7 @@ def check_model_config(c):
         value = getattr(c, name)
         if value is None and name in ("d_k", "d_v"):
             continue  # d_model / h
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise InputError(f"{name} must be a positive integer, got {value!r}")
+        positive_int(name, value)
     if (c.d_k is None or c.d_v is None) and c.d_model % c.h:
         raise InputError(
             f"d_model={c.d_model} is not divisible by h={c.h}: the paper uses "
@@ -438,9 +444,8 @@ SMALL = replace(BASE, N=2, d_model=256, d_ff=1024, h=4)
 
 def build_model(src_vocab, tgt_vocab, config=BASE):
     """The full Transformer of Figure 1 from a ModelConfig; see make_model."""
-    for name, value in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab)):
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise InputError(f"{name} must be a positive integer, got {value!r}")
+    positive_int("src_vocab", src_vocab)
+    positive_int("tgt_vocab", tgt_vocab)
     if config.share_embeddings and src_vocab != tgt_vocab:
         raise InputError(
             f"share_embeddings=True ties both embeddings to one matrix, so it needs one "
@@ -828,13 +833,6 @@ def copy_task_pairs(n, vocab, length, generator):
     """Synthetic pairs whose target is the source: random symbols from 4..vocab-1."""
     data = torch.randint(4, vocab, (n, length), generator=generator).tolist()
     return [(seq + [EOS_ID], [BOS_ID] + seq + [EOS_ID]) for seq in data]
-
-
-def positive_int(name, value):
-    """value, if it is a positive integer (a bool is not); otherwise an InputError naming it."""
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise InputError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 def output_limits(src_mask, max_len=None):
