@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from torch import nn
 
+from safe_files import atomic_file
+
 # --------------------------------------------------------------------------------------
 # 3.1 Encoder and Decoder Stacks, from chapters/03_1_encoder_decoder_stacks.ipynb
 # --------------------------------------------------------------------------------------
@@ -937,6 +939,16 @@ def decode_batch(model, src, src_mask, beam_size=4, alpha=0.6):
     return pad_ids([out.tolist() for out in outputs]).to(src.device)
 
 
+CHECKPOINT_FORMAT = 3  # every checkpoint records it; a resume refuses another
+
+
+def save_checkpoint(path, payload):
+    """torch.save of a payload stamped with CHECKPOINT_FORMAT, written whole or not at all
+    (atomic_file: a temporary file beside `path`, renamed onto it once complete)."""
+    with atomic_file(path, "wb") as file:
+        torch.save({**payload, "format": CHECKPOINT_FORMAT}, file)
+
+
 def read_checkpoint(path):
     """A checkpoint's payload (tensors and plain data only); errors name the file."""
     try:
@@ -954,10 +966,24 @@ def read_checkpoint(path):
     return payload
 
 
+def check_device(device):
+    """Refuse a device this machine lacks before any work is done."""
+    try:
+        problem = None
+        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+            problem = "this PyTorch sees no GPU (torch.cuda.is_available() is False); use "
+            problem += "device='cpu' or install a CUDA build of PyTorch"
+    except RuntimeError:
+        problem = "it is not a device: use cpu, cuda or cuda:N"
+    if problem:
+        raise InputError(f"device={device!r}: {problem}")
+
+
 def load_checkpoint(path, device="cpu"):
     """A trained model, in evaluation mode on `device`, and its tokenizer, from any
     checkpoint `train` wrote (checkpoint.pt or a snapshot checkpoint-<step>.pt) or from
     average_checkpoints. Returns (model, tokenizer): what `translate` needs."""
+    check_device(device)
     path = pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}; train one with code/train.py")
@@ -973,7 +999,7 @@ def load_checkpoint(path, device="cpu"):
 def average_checkpoints(paths):
     """§6.1: "a single model obtained by averaging the last 5 checkpoints". The element-wise
     mean of the weights of several checkpoints of one run, returned as a checkpoint payload
-    (save it with torch.save, load it with load_checkpoint)."""
+    (save it with save_checkpoint, load it with load_checkpoint)."""
     paths = [pathlib.Path(p) for p in paths]
     if not paths:
         raise InputError("average_checkpoints needs at least one checkpoint path")

@@ -34,9 +34,9 @@ import pandas as pd
 import torch
 
 import annotated_transformer as at
-import cli
-import engineering_runs as eng
 import fast_decoding as fd
+import safe_files
+import script_helpers as helpers
 
 KINDS = ("encoder_self", "decoder_self", "encoder_decoder")
 
@@ -528,35 +528,37 @@ def link_weights(records):
     ]
 
 
-@cli.user_errors_exit_2("attention_maps.py")
+@helpers.user_errors_exit_2("attention_maps.py")
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--checkpoint", type=cli.given_path, required=True)
-    parser.add_argument("--out", type=cli.given_path, required=True)
+    parser.add_argument("--checkpoint", type=helpers.given_path, required=True)
+    parser.add_argument("--out", type=helpers.given_path, required=True)
     parser.add_argument(
         "--also",
-        type=cli.given_path,
+        type=helpers.given_path,
         nargs="*",
         default=[],
         help="earlier snapshots of the same run: their link weights and head statistics are "
         "stored too, to show which findings hold from one snapshot to the next",
     )
-    parser.add_argument("--data-dir", type=cli.given_path, default=None, help="Multi30k folder")
-    parser.add_argument("--beam-size", type=cli.positive_int, default=4)
-    parser.add_argument("--alpha", type=cli.non_negative_float, default=0.6)
+    parser.add_argument("--data-dir", type=helpers.given_path, default=None, help="Multi30k folder")
+    parser.add_argument("--beam-size", type=helpers.positive_int, default=4)
+    parser.add_argument("--alpha", type=helpers.non_negative_float, default=0.6)
     parser.add_argument(
         "--sample",
-        type=cli.positive_int,
+        type=helpers.positive_int,
         default=300,
         help="validation sentences for the head statistics",
     )
     args = parser.parse_args(argv)
-    cli.set_threads(1)
-    splits = {split: eng.load_multi30k(split, data_dir=args.data_dir) for split, *_ in SENTENCES}
+    helpers.set_threads(1)
+    splits = {
+        split: helpers.load_multi30k(split, data_dir=args.data_dir) for split, *_ in SENTENCES
+    }
     chosen = [(split, i, why, links, *splits[split][i]) for split, i, why, links in SENTENCES]
-    val = splits.get("val") or eng.load_multi30k("val", data_dir=args.data_dir)
+    val = splits.get("val") or helpers.load_multi30k("val", data_dir=args.data_dir)
     sample = [de for de, _ in val[: args.sample]]
     options = {"beam_size": args.beam_size, "alpha": args.alpha}
     paths = [*args.also, args.checkpoint]
@@ -579,7 +581,7 @@ def main(argv=None):
         decoding=at.decoding_label(args.beam_size, args.alpha),
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    with eng.atomic_file(args.out) as file:
+    with safe_files.atomic_file(args.out) as file:
         file.write(json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n")
     size = args.out.stat().st_size
     print(f"wrote {args.out} ({size / 1e6:.2f} MB): {len(records)} sentences, step {data['step']}")

@@ -6,19 +6,18 @@ torch.nn.Transformer, timed with torch.utils.benchmark in one process, in interl
     python code/benchmark.py --device cuda --config base small --out benchmarks/results/cuda.json
     python code/benchmark.py --quick --out /tmp/smoke.json       # a tiny smoke run, seconds
 
-train/* rows time one eng.train_step_amp (forward, fused label-smoothed loss, backward, Adam with
-Eq. (3)) of our model (fused and reference attention; bf16 autocast where the hardware computes
-in bf16) and of torch.nn.Transformer inside our embeddings and generator. The base and small
-configurations train on a batch of random ids; multi30k trains the model of that training
-profile, with its recipe, at its real batch: four batches of Multi30k's training pairs as
-at.batch_by_tokens cuts them (tokenizer learned once and kept in --tokenizer-cache), each call
-one step on each, ours and nn.Transformer in float32 and, where bf16 is native, both in bf16
-autocast. decode/* rows time greedy and beam 4 decoding with and without the key/value cache,
-never stopping early (end symbol -1). After --warmup calls per row, each round visits the
-rows starting one row later (A B C, B C A, ...), one Timer.blocked_autorange each, so that the
-machine's load hits every row alike. A row's time is the median over rounds; a ratio, the
-ratio of medians, with the median and range of the per-round ratios.
-"""
+train/* rows time one training.train_step_amp (forward, fused label-smoothed loss, backward,
+Adam with Eq. (3)) of our model (fused and reference attention; bf16 autocast where the
+hardware computes in bf16) and of torch.nn.Transformer inside our embeddings and generator. The
+base and small configurations train on a batch of random ids; multi30k trains the model of that
+training profile, with its recipe, at its real batch: four batches of Multi30k's training pairs
+as at.batch_by_tokens cuts them (tokenizer learned once and kept in --tokenizer-cache), each
+call one step on each, ours and nn.Transformer in float32 and, where bf16 is native, both in
+bf16 autocast. decode/* rows time greedy and beam 4 decoding with and without the key/value
+cache, never stopping early (end symbol -1). After --warmup calls per row, each round visits
+the rows starting one row later (A B C, B C A, ...), one Timer.blocked_autorange each, so that
+the machine's load hits every row alike. A row's time is the median over rounds; a ratio, the
+ratio of medians, with the median and range of the per-round ratios. """
 
 import argparse
 import hashlib
@@ -37,10 +36,11 @@ from torch import nn
 from torch.utils.benchmark import Compare, Measurement, Timer
 
 import annotated_transformer as at
-import cli
 import cuda_graphs as graphs
-import engineering_runs as eng
 import fast_decoding as fd
+import safe_files
+import script_helpers as helpers
+import training_runs as training
 
 SCHEMA = 3  # 3: profile configurations (real batches), updates per call
 NEVER = -1  # an end symbol no token id can equal: decoding runs its full length
@@ -63,10 +63,10 @@ class BenchConfig:
 
 @dataclass(frozen=True)
 class ProfileBench:
-    """A training profile's model with its recipe (eng.PROFILES[profile]) at its real batch:
+    """A training profile's model with its recipe (training.PROFILES[profile]) at its real batch:
     `batches` batches of at.batch_by_tokens(lengths, max_tokens, seed) over the profile's
     training pairs, which `corpus` names: "multi30k" (Multi30k's training split, read by
-    eng.load_multi30k) or "stand-in" (a few made-up pairs, for smoke runs only)."""
+    helpers.load_multi30k) or "stand-in" (a few made-up pairs, for smoke runs only)."""
 
     name: str
     profile: str
@@ -82,7 +82,7 @@ CONFIGS = {
     "multi30k": ProfileBench("multi30k", "multi30k", "multi30k"),
     # every code path in seconds: for --quick and the tests, not for conclusions
     "tiny": BenchConfig(
-        "tiny", replace(eng.PROFILES["tiny"].model, share_embeddings=False), 64, 4, 6
+        "tiny", replace(training.PROFILES["tiny"].model, share_embeddings=False), 64, 4, 6
     ),
     "tiny-profile": ProfileBench("tiny-profile", "tiny", "stand-in", 2),
 }
@@ -259,7 +259,7 @@ def training_rows(bench, device, bf16, compile=False):
         scaler = torch.amp.GradScaler(device.type, enabled=False)  # bf16 needs no scaling
 
         def work():
-            eng.train_step_amp(model, batch, optimizer, scheduler, scaler, 0.1, amp=amp)
+            training.train_step_amp(model, batch, optimizer, scheduler, scaler, 0.1, amp=amp)
 
         return Row(key, label, work, batch.ntokens, flops, 1)
 
@@ -325,7 +325,7 @@ def stand_in_pairs(count=48, seed=0):
 def profile_pairs(bench):
     """The training pairs of a ProfileBench: Multi30k's training split, or the stand-in."""
     if bench.corpus == "multi30k":
-        return eng.load_multi30k("train")
+        return helpers.load_multi30k("train")
     if bench.corpus == "stand-in":
         return stand_in_pairs()
     raise at.InputError(f"corpus must be 'multi30k' or 'stand-in', got {bench.corpus!r}")
@@ -384,12 +384,12 @@ class ProfileData:
 def profile_data(bench, cache=None):
     """Read and encode a ProfileBench's pairs with a BPE vocabulary of the profile's size
     (learned once, then read from `cache`/<digest of the pairs>/), and choose its batches."""
-    config = eng.PROFILES[bench.profile]
+    config = training.PROFILES[bench.profile]
     pairs = profile_pairs(bench)
     digest = pairs_digest(pairs)
     folder = pathlib.Path(cache or default_tokenizer_cache()) / digest[:16]
     folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = cli.tokenizers(pairs, folder)(config.vocab_size)
+    tokenizer = helpers.tokenizers(pairs, folder)(config.vocab_size)
     corpus = at.EncodedCorpus.from_pairs(pairs, tokenizer)
     chosen = spread_batches(corpus.lengths, config.max_tokens, bench.batches, config.seed)
     epoch = len(at.batch_by_tokens(corpus.lengths, config.max_tokens, config.seed))
@@ -423,7 +423,7 @@ def profile_rows(data, device, bf16):
     config = data.config
     model = replace(config.model, fused=True)  # training's path (the profiles' default)
     vocab = data.tokenizer.get_vocab_size()
-    corpus = eng.corpus_on(data.corpus, device)
+    corpus = training.corpus_on(data.corpus, device)
     batches = [corpus.batch(indices) for indices in data.chosen]
     # counted on the host from the lengths, whatever the batches keep on their device
     tokens = sum(data.corpus.target_tokens(indices) for indices in data.chosen)
@@ -439,7 +439,7 @@ def profile_rows(data, device, bf16):
 
         def work():
             for batch in batches:
-                eng.train_step_amp(
+                training.train_step_amp(
                     network, batch, optimizer, scheduler, scaler, config.smoothing, amp=amp
                 )
 
@@ -608,7 +608,7 @@ def side_by_side(run):
 def run_config(bench, device, args, log):
     """Build, warm up, time and summarise every row of one configuration. Returns its JSON
     record and, for Compare, one Measurement per row holding its per-round times."""
-    bf16 = args.bf16 == "on" or (args.bf16 == "auto" and eng.native_bf16(device))
+    bf16 = args.bf16 == "on" or (args.bf16 == "auto" and training.native_bf16(device))
     why_not = "--bf16 off" if args.bf16 == "off" else "no native bf16 (CPU: AVX-512 BF16, AMX)"
     peak = bf16_peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     if isinstance(bench, ProfileBench):
@@ -656,22 +656,24 @@ def parse_args(argv=None):
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add = parser.add_argument
-    cli.add_device_flag(parser)
-    add("--threads", type=cli.positive_int, help="torch CPU threads (default: torch's)")
+    helpers.add_device_flag(parser)
+    add("--threads", type=helpers.positive_int, help="torch CPU threads (default: torch's)")
     add("--config", nargs="+", choices=list(CONFIGS), help="configurations (default: base)")
-    add("--rounds", type=cli.positive_int, help="interleaved rounds per row (default 7)")
+    add("--rounds", type=helpers.positive_int, help="interleaved rounds per row (default 7)")
     add("--warmup", type=int, default=1, help="untimed calls per row before the rounds")
-    add("--min-seconds", type=cli.non_negative_float, default=0.2, help="min_run_time per round")
+    add(
+        "--min-seconds", type=helpers.non_negative_float, default=0.2, help="min_run_time per round"
+    )
     add("--bf16", choices=["auto", "on", "off"], default="auto", help="the bf16 autocast row")
     add("--compile", action="store_true",
         help="GPU: also our model under torch.compile, eager and as a CUDA graph")  # fmt: skip
     add("--quick", action="store_true",
         help=f"smoke run: {' and '.join(QUICK)} unless --config is given, 2 rounds unless "
         "given, no minimum")  # fmt: skip
-    add("--tokenizer-cache", type=cli.given_path,
+    add("--tokenizer-cache", type=helpers.given_path,
         help=f"folder for the tokenizers of the profile configurations (default: "
         f"{default_tokenizer_cache()})")  # fmt: skip
-    add("--out", type=cli.given_path, help="write the results here (JSON)")
+    add("--out", type=helpers.given_path, help="write the results here (JSON)")
     args = parser.parse_args(argv)
     if args.quick:
         args.config, args.min_seconds = args.config or QUICK, 0.0
@@ -682,7 +684,7 @@ def parse_args(argv=None):
     return args
 
 
-@cli.user_errors_exit_2("benchmark.py")
+@helpers.user_errors_exit_2("benchmark.py")
 def main(argv=None, log=None):
     """Measure every configuration asked for, print the table and ratios, write the JSON;
     returns the exit code (2 on a user's error, with one line on stderr)."""
@@ -705,9 +707,9 @@ def main(argv=None, log=None):
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "settings": settings,
         "hardware": {
-            "description": eng.hardware_description(device),
+            "description": training.hardware_description(device),
             "cpu_count": os.cpu_count(),
-            "bf16_native": eng.native_bf16(device),
+            "bf16_native": training.native_bf16(device),
             "gpu": gpu,
             "gpu_bf16_peak_flops": bf16_peak_flops(gpu) if gpu else None,
             "threads": torch.get_num_threads(),
@@ -726,7 +728,7 @@ def main(argv=None, log=None):
         torch.set_num_threads(threads)  # main() may be called in-process (the tests do)
     report(results, table)
     if args.out:
-        eng.write_json(args.out, results)
+        safe_files.write_json(args.out, results)
         print(f"wrote {args.out}")
     return 0
 

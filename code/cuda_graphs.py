@@ -80,7 +80,7 @@ class DeviceSchedule:
     the rate of the next update (as make_optimizer's LambdaLR keeps it). step() advances
     both on the device; state_dict() reads the count back, for checkpoints. plan(last_step)
     cools the rate down over the last `share` of the run as annealed_rate does (the
-    engineering page), in a captured step too."""
+    training-runs page), in a captured step too."""
 
     def __init__(self, optimizer, d_model, factor=1.0, warmup=4000):
         self.lr = optimizer.param_groups[0]["lr"]

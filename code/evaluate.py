@@ -27,33 +27,39 @@ import sys
 import torch
 
 import annotated_transformer as at
-import cli
-import engineering_runs as eng
 import fast_decoding as fd
+import safe_files
+import script_helpers as helpers
+import training_runs as training
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--run", type=cli.given_path, required=True, help="a train.py --out folder")
     parser.add_argument(
-        "--out", type=cli.given_path, required=True, help="folder for the results (not the run's)"
+        "--run", type=helpers.given_path, required=True, help="a train.py --out folder"
     )
     parser.add_argument(
-        "--average", type=cli.positive_int, default=5, help="snapshots to average (§6.1: 5)"
+        "--out",
+        type=helpers.given_path,
+        required=True,
+        help="folder for the results (not the run's)",
     )
-    cli.add_device_flag(parser)
     parser.add_argument(
-        "--batch-size", type=cli.positive_int, default=64, help="sentences per batch"
+        "--average", type=helpers.positive_int, default=5, help="snapshots to average (§6.1: 5)"
+    )
+    helpers.add_device_flag(parser)
+    parser.add_argument(
+        "--batch-size", type=helpers.positive_int, default=64, help="sentences per batch"
     )
     parser.add_argument(
-        "--limit", type=cli.positive_int, help="score only the first LIMIT sentences of a set"
+        "--limit", type=helpers.positive_int, help="score only the first LIMIT sentences of a set"
     )
     parser.add_argument(
         "--alpha",
         dest="alphas",
-        type=cli.non_negative_floats,
+        type=helpers.non_negative_floats,
         default=(0.6,),
         help="the length penalty of beam search (§6.1: 0.6), or several separated by commas: "
         "the one whose averaged weights score best on val",
@@ -71,7 +77,7 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--within-hours",
-        type=cli.positive_float,
+        type=helpers.positive_float,
         help="score the run as it stood after this many hours of training: only the snapshots "
         "written by then (a run that kept them all, --keep-checkpoints)",
     )
@@ -95,18 +101,18 @@ def smoothed_history(history, every=10):
     ]
 
 
-@cli.user_errors_exit_2("evaluate.py")
+@helpers.user_errors_exit_2("evaluate.py")
 def main(argv=None):
     args = parse_args(argv)
-    snapshots = eng.snapshot_paths(args.run)
+    snapshots = training.snapshot_paths(args.run)
     if not snapshots:
         raise FileNotFoundError(f"no checkpoint-<step>.pt in {args.run}: not a training run")
     until = None  # with --within-hours: the validation figures of the last snapshot kept
     if args.within_hours:
         kept = snapshots_within(snapshots, args.within_hours * 3600)
         snapshots, until = [path for path, _ in kept], kept[-1][1]
-    cli.own_folder(args.out, args.run)
-    with eng.RunFolder(args.out, resume=True):
+    helpers.own_folder(args.out, args.run)
+    with training.RunFolder(args.out, resume=True):
         settings = ("average", "alphas", "device", "batch_size", "limit", "dtype", "hardware")
         evaluate(args.run, args.out, snapshots, until=until, **{k: vars(args)[k] for k in settings})
     return 0
@@ -233,9 +239,9 @@ def evaluate(
             floating = tensor.is_floating_point()
             stored[tensor.data_ptr()] = tensor.to(getattr(torch, dtype)) if floating else tensor
         averaged["model"][name] = stored[tensor.data_ptr()]
-    eng.save_checkpoint(averaged_path, averaged)
+    at.save_checkpoint(averaged_path, averaged)
     label = f"average of last {len(averaged['averaged_steps'])}"
-    sets = {split: eng.load_multi30k(split)[:limit] for split in ("val", "test2016")}
+    sets = {split: helpers.load_multi30k(split)[:limit] for split in ("val", "test2016")}
     alpha, alpha_on_val = alphas[0], None
     if len(alphas) > 1:  # test2016 is only ever decoded at the alpha val chose
         model, tokenizer = at.load_checkpoint(averaged_path, device)
@@ -250,7 +256,7 @@ def evaluate(
         "averaged_steps": averaged["averaged_steps"],
         "train_hours": round(seconds / 3600, 2),
         "train_seconds": round(seconds, 1),
-        "hardware": hardware or trained_on(run) or eng.hardware_description(device),
+        "hardware": hardware or trained_on(run) or training.hardware_description(device),
         "signature": signature,
         "sentences": {split: len(pairs) for split, pairs in sets.items()},
         "alpha": alpha,
@@ -258,14 +264,14 @@ def evaluate(
         "results": rows,
         "samples": samples,
     }
-    eng.write_json(out / "evaluation.json", evaluation)
+    safe_files.write_json(out / "evaluation.json", evaluation)
     metrics = {
         "hardware": evaluation["hardware"],
         "every": 10,
         "history": smoothed_history(state["history"]),
         "validation": state.get("validations", []),
     }
-    eng.write_json(out / "metrics.json", metrics)
+    safe_files.write_json(out / "metrics.json", metrics)
     print(f"wrote {out / 'evaluation.json'} and {out / 'metrics.json'}")
 
 

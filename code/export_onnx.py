@@ -35,8 +35,8 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import annotated_transformer as at
-import cli
-import engineering_runs as eng
+import safe_files
+import script_helpers as helpers
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "_static" / "translator"
@@ -132,7 +132,7 @@ def export_graph(module, inputs, names, dynamic, path):
             verbose=False,
         )
         graph = weights_in_float16(onnx.load(raw))
-    with eng.atomic_file(path, "wb") as file:
+    with safe_files.atomic_file(path, "wb") as file:
         file.write(graph.SerializeToString())
 
 
@@ -175,8 +175,8 @@ def export(checkpoint, out, examples):
         "heads": model.decoder.layers[-1].src_attn.h,
         "examples": examples,
     }
-    cli.write_atomically(out / "tokenizer.json", tokenizer.to_str())
-    cli.write_atomically(
+    helpers.write_atomically(out / "tokenizer.json", tokenizer.to_str())
+    helpers.write_atomically(
         out / "translator.json", json.dumps(settings, ensure_ascii=False, indent=1)
     )
     return {p.name: p.stat().st_size for p in sorted(out.iterdir())}
@@ -202,10 +202,10 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    cli.add_checkpoint_flag(parser)
+    helpers.add_checkpoint_flag(parser)
     parser.add_argument(
         "--out",
-        type=cli.given_path,
+        type=helpers.given_path,
         metavar="FOLDER",
         default=OUT,
         help="where the files go (default: _static/translator, which the book's build copies)",
@@ -213,10 +213,10 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-@cli.user_errors_exit_2("export_onnx.py")
+@helpers.user_errors_exit_2("export_onnx.py")
 def main(argv=None):
     args = parse_args(argv)
-    examples = [german for german, _ in eng.load_multi30k("val")[:EXAMPLES]]
+    examples = [german for german, _ in helpers.load_multi30k("val")[:EXAMPLES]]
     sizes = export(args.checkpoint, args.out, examples)
     for name, size in sizes.items():
         print(f"{args.out / name}: {size / 2**20:.1f} MiB")

@@ -27,12 +27,13 @@ import sys
 import time
 
 import annotated_transformer as at
-import cli
-import engineering_runs as eng
+import safe_files
+import script_helpers as helpers
+import training_runs as training
 
 # where the search starts: a 3-layer model of width 256, Eq. (3) peaking near 1e-3
-START = eng.apply_changes(
-    eng.PROFILES["quick"],
+START = training.apply_changes(
+    training.PROFILES["quick"],
     {
         "N": 3,
         "h": 8,
@@ -96,11 +97,11 @@ def train_until(folder, config, budget, tokenizer, pairs, val_pairs, log):
     while state["cpu_seconds"] < budget:
         resume = (folder / "checkpoint.pt").exists()
         step = at.read_checkpoint(folder / "checkpoint.pt")["step"] if resume else 0
-        chunk = eng.apply_changes(config, {"max_steps": step + config.eval_every})
+        chunk = training.apply_changes(config, {"max_steps": step + config.eval_every})
         start = time.process_time()
-        eng.train(chunk, pairs, folder, tokenizer, val_pairs, resume=resume, log=log)
+        training.train(chunk, pairs, folder, tokenizer, val_pairs, resume=resume, log=log)
         state["cpu_seconds"] += time.process_time() - start
-        eng.write_json(folder / "search.json", state)
+        safe_files.write_json(folder / "search.json", state)
     metrics = json.loads((folder / "metrics.json").read_text())
     return metrics, state["cpu_seconds"]
 
@@ -109,9 +110,11 @@ def record(row, path, extra_csv):
     """Add a row to the table, re-read first: several searches may share it (disjoint
     --trials, one thread each, on a machine with several cores)."""
     rows = [
-        r for r in cli.read_csv(path) if (r["trial"], r["rung"]) != (row["trial"], str(row["rung"]))
+        r
+        for r in helpers.read_csv(path)
+        if (r["trial"], r["rung"]) != (row["trial"], str(row["rung"]))
     ]
-    cli.write_csv(path, [*rows, row], COLUMNS)
+    helpers.write_csv(path, [*rows, row], COLUMNS)
     if extra_csv:
         extra_csv.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(path, extra_csv)
@@ -121,33 +124,33 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", type=cli.given_path, required=True, help="the search's folder")
+    parser.add_argument("--out", type=helpers.given_path, required=True, help="the search's folder")
     parser.add_argument(
-        "--rungs", type=cli.non_negative_int, nargs="*", help="which rungs (default: all)"
+        "--rungs", type=helpers.non_negative_int, nargs="*", help="which rungs (default: all)"
     )
     parser.add_argument(
         "--trials", nargs="*", choices=list(TRIALS), help="a subset of TRIALS (default: all)"
     )
     parser.add_argument(
         "--budgets",
-        type=cli.positive_float,
+        type=helpers.positive_float,
         nargs="*",
         help="CPU minutes per rung (default: %(default)s)",
     )
-    parser.add_argument("--threads", type=cli.positive_int, default=1)
-    parser.add_argument("--csv", type=cli.given_path, help="also copy the table here")
-    parser.add_argument("--data-dir", type=cli.given_path)
+    parser.add_argument("--threads", type=helpers.positive_int, default=1)
+    parser.add_argument("--csv", type=helpers.given_path, help="also copy the table here")
+    parser.add_argument("--data-dir", type=helpers.given_path)
     return parser.parse_args(argv)
 
 
-@cli.user_errors_exit_2("recipe_search.py")
+@helpers.user_errors_exit_2("recipe_search.py")
 def main(argv=None):
     args = parse_args(argv)
-    cli.set_threads(args.threads)
-    pairs = eng.load_multi30k("train", data_dir=args.data_dir)
-    val_pairs = eng.load_multi30k("val", data_dir=args.data_dir)
-    tokenizer_for = cli.tokenizers(pairs, args.out)  # one vocabulary per size, on disk
-    with cli.log_to(args.out / "search.log", echo=None) as log:
+    helpers.set_threads(args.threads)
+    pairs = helpers.load_multi30k("train", data_dir=args.data_dir)
+    val_pairs = helpers.load_multi30k("val", data_dir=args.data_dir)
+    tokenizer_for = helpers.tokenizers(pairs, args.out)  # one vocabulary per size, on disk
+    with helpers.log_to(args.out / "search.log", echo=None) as log:
         alive = list(args.trials or TRIALS)
         for rung, minutes in enumerate(args.budgets or BUDGETS_MINUTES):
             if args.rungs is not None and rung not in args.rungs:
@@ -165,11 +168,11 @@ def rung_row(args, trial, rung, minutes, data, tokenizer_for, log):
     """The table's row of `trial` at `rung`: read back when the table has it, otherwise
     trained to the rung's budget, scored and recorded."""
     table = args.out / "trials.csv"
-    done = [r for r in cli.read_csv(table) if r["trial"] == trial and int(r["rung"]) == rung]
+    done = [r for r in helpers.read_csv(table) if r["trial"] == trial and int(r["rung"]) == rung]
     if done:
         return done[0]
     pairs, val_pairs = data
-    config = eng.apply_changes(START, TRIALS[trial])
+    config = training.apply_changes(START, TRIALS[trial])
     wall = time.perf_counter()
     folder = args.out / "trials" / folder_name(trial)
     tokenizer = tokenizer_for(config.vocab_size)
@@ -189,8 +192,8 @@ def rung_row(args, trial, rung, minutes, data, tokenizer_for, log):
         "bleu_sentences": last["bleu_sentences"],
         "params": at.count_parameters(model),
         "changes": json.dumps(TRIALS[trial]),
-        "command": cli.command_for(config),
-        "hardware": eng.hardware_description(),
+        "command": helpers.command_for(config),
+        "hardware": training.hardware_description(),
     }
     record(row, table, args.csv)
     log(f"rung {rung} {trial}: {row}")

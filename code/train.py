@@ -29,8 +29,8 @@ import sys
 import torch
 from tqdm import tqdm
 
-import cli
-import engineering_runs as eng
+import script_helpers as helpers
+import training_runs as training
 
 
 def parse_args(argv=None):
@@ -39,7 +39,7 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--profile",
-        choices=sorted(eng.PROFILES),
+        choices=sorted(training.PROFILES),
         default="multi30k",
         help="multi30k (default): the recipe chosen on validation data (hours on a CPU, "
         "a minute on a GPU); fast: a translator in fifteen minutes of training on two CPU "
@@ -47,10 +47,10 @@ def parse_args(argv=None):
         "chapters train live on a CPU; base: the paper's base model fitted to Multi30k, for a "
         "GPU; tiny: a toy for tests",
     )
-    parser.add_argument("--out", type=cli.given_path, required=True, help="the run's folder")
+    parser.add_argument("--out", type=helpers.given_path, required=True, help="the run's folder")
     parser.add_argument(
         "--data-dir",
-        type=cli.given_path,
+        type=helpers.given_path,
         default=None,
         help="local Multi30k copy (default: $MULTI30K_DIR, else download and cache)",
     )
@@ -58,14 +58,14 @@ def parse_args(argv=None):
     parser.add_argument(
         "--no-validation", action="store_true", help="skip validation during training"
     )
-    cli.add_device_flag(parser)
-    cli.add_config_flags(parser)
+    helpers.add_device_flag(parser)
+    helpers.add_config_flags(parser)
     return parser.parse_args(argv)
 
 
 def config_from_args(args):
     """The profile with every config flag that was given applied (apply_changes)."""
-    return eng.apply_changes(eng.PROFILES[args.profile], cli.given_changes(args))
+    return training.apply_changes(training.PROFILES[args.profile], helpers.given_changes(args))
 
 
 def start_distributed(device):
@@ -80,16 +80,16 @@ def start_distributed(device):
     return device
 
 
-@cli.user_errors_exit_2("train.py")
+@helpers.user_errors_exit_2("train.py")
 def main(argv=None):
     args = parse_args(argv)
     config = config_from_args(args)
-    pairs = eng.load_multi30k("train", data_dir=args.data_dir)
-    val_pairs = None if args.no_validation else eng.load_multi30k("val", data_dir=args.data_dir)
+    pairs = helpers.load_multi30k("train", data_dir=args.data_dir)
+    val_pairs = None if args.no_validation else helpers.load_multi30k("val", data_dir=args.data_dir)
     device = start_distributed(args.device)
-    rank, world = eng.distributed_rank_and_size()
+    rank, world = training.distributed_rank_and_size()
     # only rank 0 writes the log; tqdm.write puts a message above the progress bar
-    with cli.log_to(args.out / "train.log" if rank == 0 else None, echo=tqdm.write) as log:
+    with helpers.log_to(args.out / "train.log" if rank == 0 else None, echo=tqdm.write) as log:
         if rank == 0:
             log(
                 f"training {args.profile} on {len(pairs)} pairs, {world} "
@@ -98,7 +98,7 @@ def main(argv=None):
                 f"device {device}: {config}"
             )
         try:
-            eng.train(
+            training.train(
                 config,
                 pairs,
                 args.out,

@@ -25,8 +25,8 @@ import sacrebleu
 from tqdm import tqdm
 
 import annotated_transformer as at
-import cli
 import fast_decoding as fd
+import script_helpers as helpers
 
 
 def parse_args(argv=None):
@@ -44,24 +44,26 @@ def parse_args(argv=None):
         "--reference": "English references, one for each input line: print sacreBLEU on stderr",
     }
     for flag, text in files.items():
-        parser.add_argument(flag, type=cli.given_path, metavar="FILE", help=text)
-    cli.add_checkpoint_flag(parser)
+        parser.add_argument(flag, type=helpers.given_path, metavar="FILE", help=text)
+    helpers.add_checkpoint_flag(parser)
     decoding = parser.add_mutually_exclusive_group()
     decoding.add_argument(
-        "--beam-size", type=cli.positive_int, default=4, help="hypotheses kept (default: 4)"
+        "--beam-size", type=helpers.positive_int, default=4, help="hypotheses kept (default: 4)"
     )
     decoding.add_argument("--greedy", action="store_true", help="greedy decoding (beam 1)")
     parser.add_argument(
         "--alpha",
-        type=cli.non_negative_float,
+        type=helpers.non_negative_float,
         default=0.6,
         help="length penalty of beam search (default: 0.6)",
     )
     parser.add_argument(
-        "--batch-size", type=cli.positive_int, default=64, help="sentences per batch"
+        "--batch-size", type=helpers.positive_int, default=64, help="sentences per batch"
     )
-    cli.add_device_flag(parser)
-    parser.add_argument("--threads", type=cli.positive_int, help="CPU threads (default: PyTorch's)")
+    helpers.add_device_flag(parser)
+    parser.add_argument(
+        "--threads", type=helpers.positive_int, help="CPU threads (default: PyTorch's)"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     if args.sentences and args.input:
@@ -121,11 +123,11 @@ def load_translator(path, device):
         ) from None
 
 
-@cli.user_errors_exit_2("translate.py")
+@helpers.user_errors_exit_2("translate.py")
 def main(argv=None):
     args = parse_args(argv)
     if args.threads:
-        cli.set_threads(args.threads)
+        helpers.set_threads(args.threads)
     sentences, where = read_sources(args)
     references = None
     if args.reference is not None:
@@ -167,7 +169,7 @@ def main(argv=None):
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        cli.write_atomically(args.output, text)
+        helpers.write_atomically(args.output, text)
     if references is not None:
         bleu = sacrebleu.BLEU()
         score = bleu.corpus_score(translations, [references])

@@ -17,7 +17,7 @@ run that changes the same field(s) of a base configuration, scaled to the chosen
   tiny  a toy model for tests and for the chapter's live check; not a result.
 
 Every run trains from scratch for the same number of steps with the training function that
-code/train.py uses (engineering_runs.train; the log gives the equivalent train.py
+code/train.py uses (training.train; the log gives the equivalent train.py
 command), then is scored on Multi30k val: perplexity per BPE token without label smoothing
 (validation_perplexity) and sacreBLEU of greedy (beam 1) or beam-search translations.
 Every row is trained with each of --seeds (initialisation, batch order, dropout), so that a
@@ -37,9 +37,9 @@ from dataclasses import dataclass, replace
 import pandas as pd
 
 import annotated_transformer as at
-import cli
-import engineering_runs as eng
 import fast_decoding as fd
+import script_helpers as helpers
+import training_runs as training
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Scale:
     rows missing here are not run), and how the runs are scored."""
 
     name: str
-    base: eng.RunConfig
+    base: training.RunConfig
     rows: dict
     beam_size: int
     bleu_sentences: int | None  # the first this many val sentences; None: all of val
@@ -88,7 +88,7 @@ CPU_ROWS = {
 SCALES = {
     "cpu": Scale(
         name="cpu",
-        base=replace(eng.PROFILES["multi30k"], max_steps=2000),
+        base=replace(training.PROFILES["multi30k"], max_steps=2000),
         rows=CPU_ROWS,
         beam_size=1,
         bleu_sentences=None,
@@ -96,7 +96,7 @@ SCALES = {
     ),
     "gpu": Scale(
         name="gpu",
-        base=eng.PROFILES["base"],
+        base=training.PROFILES["base"],
         rows={row.label: row.changes for row in at.TABLE3_ROWS},
         beam_size=4,
         bleu_sentences=None,
@@ -104,7 +104,7 @@ SCALES = {
     ),
     "tiny": Scale(
         name="tiny",
-        base=replace(eng.PROFILES["tiny"], vocab_size=300, max_tokens=300, max_steps=20),
+        base=replace(training.PROFILES["tiny"], vocab_size=300, max_tokens=300, max_steps=20),
         rows=CPU_ROWS,
         beam_size=1,
         bleu_sentences=16,
@@ -171,16 +171,16 @@ def run_variant(
     label, changes, base, train_pairs, val_pairs, scale, device="cpu", log=print, tokenizer=None
 ):
     """Train one Table 3 variant, the TrainConfig `base` with `changes` applied
-    (eng.apply_changes), from scratch (eng.train, in a temporary folder, with `tokenizer` or
-    one learned from the pairs) and score it on val pairs as `scale` says:
+    (training.apply_changes), from scratch (training.train, in a temporary folder, with
+    `tokenizer` or one learned from the pairs) and score it on val pairs as `scale` says:
     validation_perplexity on all of them, sacreBLEU on the first scale.bleu_sentences (all
     when None), decoding greedily (scale.beam_size 1) or with beam search. Returns the
     run's CSV row as a dict with the keys of COLUMNS."""
-    config = eng.apply_changes(base, changes)
-    log(f"{label} (seed {config.seed}): {cli.command_for(config)}")
+    config = training.apply_changes(base, changes)
+    log(f"{label} (seed {config.seed}): {helpers.command_for(config)}")
     cpu_start, wall_start = time.process_time(), time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
-        model, tokenizer, _ = eng.train(
+        model, tokenizer, _ = training.train(
             config, train_pairs, folder, tokenizer=tokenizer, device=device, log=log
         )
     train_seconds = time.perf_counter() - wall_start
@@ -218,7 +218,7 @@ def run_variant(
         "train_pairs": len(train_pairs),
         "train_seconds": round(train_seconds, 1),
         "cpu_seconds": round(time.process_time() - cpu_start, 1),
-        "hardware": eng.hardware_description(device),
+        "hardware": training.hardware_description(device),
         "scale": scale.name,
     }
     log(
@@ -329,57 +329,59 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", type=cli.given_path, required=True, help="folder for the CSV")
+    parser.add_argument("--out", type=helpers.given_path, required=True, help="folder for the CSV")
     parser.add_argument("--scale", choices=sorted(SCALES), default="cpu", help="see above")
     parser.add_argument("--rows", nargs="*", default=[], help="labels or groups (default: all)")
     parser.add_argument(
         "--seeds",
-        type=cli.non_negative_int,
+        type=helpers.non_negative_int,
         nargs="+",
         default=[0, 1, 2],
         help="train every row with each of these seeds (default: 0 1 2)",
     )
-    parser.add_argument("--beam-size", type=cli.positive_int, help="1: greedy decoding for BLEU")
+    parser.add_argument(
+        "--beam-size", type=helpers.positive_int, help="1: greedy decoding for BLEU"
+    )
     parser.add_argument(
         "--train-pairs",
-        type=cli.positive_int,
+        type=helpers.positive_int,
         help="train on the first this many pairs only (tests); recorded with each row",
     )
-    cli.add_device_flag(parser)
+    helpers.add_device_flag(parser)
     parser.add_argument(
         "--threads",
-        type=cli.positive_int,
+        type=helpers.positive_int,
         default=1,
         help="CPU threads for PyTorch and the tokenizer",
     )
-    parser.add_argument("--data-dir", type=cli.given_path, help="local Multi30k copy")
-    cli.add_config_flags(parser)  # every TrainConfig/ModelConfig field, on the base
+    parser.add_argument("--data-dir", type=helpers.given_path, help="local Multi30k copy")
+    helpers.add_config_flags(parser)  # every TrainConfig/ModelConfig field, on the base
     return parser.parse_args(argv)
 
 
-@cli.user_errors_exit_2("variations.py")
+@helpers.user_errors_exit_2("variations.py")
 def main(argv=None):
     args = parse_args(argv)
-    cli.set_threads(args.threads)
+    helpers.set_threads(args.threads)
     scale = SCALES[args.scale]
     labels = selected_rows(scale, args.rows)
-    base = eng.apply_changes(scale.base, cli.given_changes(args))
+    base = training.apply_changes(scale.base, helpers.given_changes(args))
     # one checkpoint, at the end: a variant is trained once, from scratch, in a temporary folder
     base = replace(base, checkpoint_every=base.max_steps, keep_checkpoints=1)
-    train_pairs = eng.load_multi30k("train", data_dir=args.data_dir)[: args.train_pairs]
-    val_pairs = eng.load_multi30k("val", data_dir=args.data_dir)
+    train_pairs = helpers.load_multi30k("train", data_dir=args.data_dir)[: args.train_pairs]
+    val_pairs = helpers.load_multi30k("val", data_dir=args.data_dir)
     scale = replace(
         scale,
         beam_size=args.beam_size or scale.beam_size,
         bleu_sentences=args.bleu_sentences or scale.bleu_sentences,
     )
     csv_path = args.out / "variations.csv"
-    rows = cli.read_csv(csv_path)
-    tokenizer_for = cli.tokenizers(train_pairs)  # one vocabulary per size, in memory
-    with cli.log_to(args.out / "variations.log") as log:
+    rows = helpers.read_csv(csv_path)
+    tokenizer_for = helpers.tokenizers(train_pairs)  # one vocabulary per size, in memory
+    with helpers.log_to(args.out / "variations.log") as log:
         log(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {args.scale} scale ({scale.note}); {base}")
         for label, seed in itertools.product(labels, args.seeds):
-            config = eng.apply_changes(replace(base, seed=seed), scale.rows[label])
+            config = training.apply_changes(replace(base, seed=seed), scale.rows[label])
             planned = {
                 "row": label,
                 "changes": describe(scale.rows[label]),
@@ -408,7 +410,7 @@ def main(argv=None):
                 tokenizer_for(config.vocab_size),
             )
             rows.append({k: str(v) for k, v in row.items()})
-            cli.write_csv(csv_path, rows, COLUMNS)
+            helpers.write_csv(csv_path, rows, COLUMNS)
     return 0
 
 

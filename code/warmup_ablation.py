@@ -25,8 +25,8 @@ import time
 import torch
 
 import annotated_transformer as at
-import cli
-import engineering_runs as eng
+import script_helpers as helpers
+import training_runs as training
 
 COLUMNS = ["N", "warmup", "seed", "step", "loss", "accuracy", "d_model", "peak_lr", "hardware"]
 
@@ -80,12 +80,12 @@ def parse_arm(text):
     return N, warmup
 
 
-@cli.user_errors_exit_2("warmup_ablation.py")
+@helpers.user_errors_exit_2("warmup_ablation.py")
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", type=cli.given_path, required=True, help="the CSV to write")
+    parser.add_argument("--out", type=helpers.given_path, required=True, help="the CSV to write")
     parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--peak-lr", type=float, default=3e-3)
     parser.add_argument("--decay-from", type=int, default=400, help="W: Eq. (3)'s warmup_steps")
@@ -100,7 +100,7 @@ def main(argv=None):
     parser.add_argument("--length", type=int, default=10, help="copy-task sequence length")
     args = parser.parse_args(argv)
     extra = {"d_model": args.d_model, "peak_lr": args.peak_lr}
-    extra["hardware"] = eng.hardware_description()  # CPU, threads, instruction sets, torch
+    extra["hardware"] = training.hardware_description()  # CPU, threads, instruction sets, torch
     rows = []
     for N, warmup in args.arms:
         for seed in args.seeds:
@@ -112,7 +112,7 @@ def main(argv=None):
                 f"{arm[-1]['accuracy']:.1%} ({time.perf_counter() - start:.0f} s)",
                 flush=True,
             )
-            cli.write_csv(args.out, rows, COLUMNS)  # after every arm: a partial file is usable
+            helpers.write_csv(args.out, rows, COLUMNS)  # after every arm: a partial file is usable
     return 0
 
 

@@ -7,7 +7,6 @@ import torch
 
 import annotated_transformer as at
 import attention_maps
-import engineering_runs as eng
 
 PAIRS = [
     ("Ein Mann zieht eine Jacke an.", "A man puts on a jacket."),
@@ -260,8 +259,8 @@ def test_averaged_weights_are_labelled_apart_from_the_snapshot_of_their_last_ste
         "tokenizer": tokenizer.to_str(),
         "step": 6,
     }
-    eng.save_checkpoint(tmp_path / "checkpoint-0000006.pt", payload)
-    eng.save_checkpoint(tmp_path / "averaged.pt", {**payload, "averaged_steps": [3, 6]})
+    at.save_checkpoint(tmp_path / "checkpoint-0000006.pt", payload)
+    at.save_checkpoint(tmp_path / "averaged.pt", {**payload, "averaged_steps": [3, 6]})
     chosen = [("val", 0, "a toy sentence", [], PAIRS[0][0], PAIRS[0][1])]
     labels = [
         attention_maps.analyse(tmp_path / name, chosen, [PAIRS[1][0]], beam_size=1)["label"]

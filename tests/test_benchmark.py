@@ -17,7 +17,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import annotated_transformer as at
 import benchmark
-import engineering_runs as eng
+import script_helpers as helpers
+import training_runs as training
 
 TINY = benchmark.CONFIGS["tiny"]
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -133,8 +134,8 @@ def test_the_twin_of_a_profile_model_shares_its_embeddings_and_has_our_count_plu
 ):
     # the training-sized row's baseline: one matrix for both embeddings and the generator,
     # as in our model (§3.4), so only the documented extras differ
-    c = eng.PROFILES[profile].model
-    vocab = eng.PROFILES[profile].vocab_size
+    c = training.PROFILES[profile].model
+    vocab = training.PROFILES[profile].vocab_size
     assert c.share_embeddings
     ours = at.count_parameters(at.build_model(vocab, vocab, c))
     twin = benchmark.TorchTransformer(vocab, c)
@@ -302,10 +303,10 @@ def multi30k(tmp_path_factory):
 
 def test_the_training_sized_row_trains_on_real_multi30k_batches(multi30k, monkeypatch):
     data, cache = multi30k
-    bench, profile = benchmark.CONFIGS["multi30k"], eng.PROFILES["multi30k"]
+    bench, profile = benchmark.CONFIGS["multi30k"], training.PROFILES["multi30k"]
     assert (bench.profile, bench.corpus) == ("multi30k", "multi30k")
     monkeypatch.setenv("MULTI30K_DIR", str(LOCAL_COPY))
-    pairs = eng.load_multi30k("train")
+    pairs = helpers.load_multi30k("train")
     assert data.record["pairs"] == len(pairs) == 29000
     assert data.tokenizer.get_vocab_size() == data.record["vocab"] == profile.vocab_size == 5000
     # lengths counted here, one sentence at a time: source + </s>, <s> + target + </s>
@@ -347,19 +348,19 @@ def test_profile_rows_train_ours_and_the_twin_on_the_same_batches(tmp_path):
     keys = ["train/ours-fused", "train/torch", "train/ours-fused-bf16", "train/torch-bf16"]
     assert [row.key for row in rows] == keys
     seen = []
-    original = eng.train_step_amp
+    original = training.train_step_amp
 
     def recording(model, batch, *args, **kwargs):
         name, ntokens = type(model).__name__, int(batch.ntokens)
         seen.append((name, batch.src.shape, ntokens, kwargs.get("amp")))
         return original(model, batch, *args, **kwargs)
 
-    eng.train_step_amp = recording
+    training.train_step_amp = recording
     try:
         for row in rows:
             row.work()
     finally:
-        eng.train_step_amp = original
+        training.train_step_amp = original
     shapes = [(len(b), max(data.corpus.lengths[i][0] for i in b)) for b in data.chosen]
     tokens = [data.corpus.target_tokens(b) for b in data.chosen]
     expected = [
@@ -460,7 +461,7 @@ def test_quick_run_writes_json_with_every_row_and_ratio(tmp_path, capsys):
     assert {"schema", "command", "created", "settings", "hardware", "runs"} == set(results)
     hardware = results["hardware"]
     torch.set_num_threads(1)  # as during the run: the description names the thread count
-    assert hardware["description"] == eng.hardware_description("cpu")
+    assert hardware["description"] == training.hardware_description("cpu")
     assert hardware["threads"] == 1 and hardware["torch"] == torch.__version__
     assert len(hardware["load_average_start"]) == len(hardware["load_average_end"]) == 3
     assert hardware["gpu"] is None and hardware["gpu_bf16_peak_flops"] is None
@@ -501,7 +502,7 @@ def test_quick_run_writes_json_with_every_row_and_ratio(tmp_path, capsys):
     # the stand-in for the training-sized row: real batches of a made-up corpus
     profile = results["runs"]["tiny-profile"]
     data = profile["data"]
-    assert profile["config"]["recipe"] == json.loads(json.dumps(asdict(eng.PROFILES["tiny"])))
+    assert profile["config"]["recipe"] == json.loads(json.dumps(asdict(training.PROFILES["tiny"])))
     assert data["corpus"] == "stand-in" and len(data["batches"]) == 2
     tokens = sum(b["target_tokens"] for b in data["batches"])
     assert set(profile["rows"]) - {"train/ours-fused-bf16", "train/torch-bf16"} == {

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import annotated_transformer as at
-import engineering_runs as eng
+import training_runs as training
 from annotated_transformer import (
     BOS_ID,
     EOS_ID,
@@ -207,7 +207,7 @@ def test_graphs_replay_the_steps_train_step_makes():
         ntokens = corpus.target_tokens(indices)
         sums = runner(*bucketed_ids(tables, indices), ntokens)
         expected = train_step(
-            plain, eng.corpus_on(corpus, "cuda").batch(indices), optimizer, scheduler, 0.0
+            plain, training.corpus_on(corpus, "cuda").batch(indices), optimizer, scheduler, 0.0
         )
         assert torch.allclose(sums, expected, rtol=1e-3)
     assert len(runner.shapes) == 2
@@ -220,21 +220,21 @@ def test_graphs_replay_the_steps_train_step_makes():
 def shapes_of_an_epoch(tmp_path, monkeypatch, buckets, compile="off"):
     """The (source, target) batch shapes that train's eager step meets over the first epoch
     of a toy run whose sentences have many lengths."""
-    seen, step = [], eng.train_step_amp
+    seen, step = [], training.train_step_amp
 
     def recording_step(model, batch, *args, **kwargs):
         seen.append((tuple(batch.src.shape), tuple(batch.tgt_in.shape)))
         return step(model, batch, *args, **kwargs)
 
-    monkeypatch.setattr(eng, "train_step_amp", recording_step)
+    monkeypatch.setattr(training, "train_step_amp", recording_step)
     pairs = toy_pairs(200, seed=1)
     epoch = len(
-        eng.epoch_updates(at.EncodedCorpus.from_pairs(pairs, train_bpe(pairs, 200)), TINY, 0)
+        training.epoch_updates(at.EncodedCorpus.from_pairs(pairs, train_bpe(pairs, 200)), TINY, 0)
     )
     config = dataclasses.replace(
         TINY, max_steps=epoch, checkpoint_every=epoch, buckets=buckets, compile=compile
     )
-    eng.train(config, pairs, tmp_path / f"run{buckets}{compile}", log=quiet)
+    training.train(config, pairs, tmp_path / f"run{buckets}{compile}", log=quiet)
     return seen
 
 

@@ -1,5 +1,5 @@
 """§5.1 data: Multi30k read from a folder (chapter 5's read_multi30k), the folder a local
-copy or downloaded, always verified by SHA-256 (the engineering page), and a shared BPE
+copy or downloaded, always verified by SHA-256 (the training-runs page), and a shared BPE
 vocabulary. No network: downloads are exercised with file:// addresses
 and an unreachable local port."""
 
@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 import annotated_transformer as at
-import engineering_runs as eng
+import safe_files
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LOCAL_COPY = pathlib.Path(
@@ -24,6 +24,12 @@ needs_data = pytest.mark.skipif(
 UNREACHABLE = "http://127.0.0.1:9/"  # the discard port: connection refused, like no network
 
 
+def load_multi30k(split, src_lang="de", tgt_lang="en", data_dir=None, base_url=None):
+    """A split's pairs from the verified folder, as chapter 5 reads them."""
+    url = {} if base_url is None else {"base_url": base_url}
+    return at.read_multi30k(safe_files.multi30k_folder(data_dir, **url), split, src_lang, tgt_lang)
+
+
 @pytest.fixture
 def isolated(tmp_path, monkeypatch):
     """No MULTI30K_DIR, and a cache of our own."""
@@ -34,7 +40,7 @@ def isolated(tmp_path, monkeypatch):
 
 def copy_of_data(folder, corrupt=None):
     folder.mkdir(parents=True, exist_ok=True)
-    for name in eng.MULTI30K_SHA256:
+    for name in safe_files.MULTI30K_SHA256:
         shutil.copy(LOCAL_COPY / name, folder / name)
     if corrupt:
         data = bytearray((folder / corrupt).read_bytes())
@@ -86,18 +92,18 @@ def test_read_multi30k_refuses_files_that_are_not_aligned(tmp_path):
 
 @needs_data
 def test_the_verified_folder_holds_all_six_files(isolated):
-    assert eng.multi30k_folder(data_dir=LOCAL_COPY) == LOCAL_COPY
-    assert eng.load_multi30k("val", data_dir=LOCAL_COPY) == at.read_multi30k(LOCAL_COPY, "val")
+    assert safe_files.multi30k_folder(data_dir=LOCAL_COPY) == LOCAL_COPY
+    assert load_multi30k("val", data_dir=LOCAL_COPY) == at.read_multi30k(LOCAL_COPY, "val")
 
 
 @needs_data
 def test_local_copy_gives_aligned_pairs_of_every_split(isolated):
     sizes = {"train": 29000, "val": 1014, "test2016": 1000}
     for split, size in sizes.items():
-        pairs = eng.load_multi30k(split, data_dir=LOCAL_COPY)
+        pairs = load_multi30k(split, data_dir=LOCAL_COPY)
         assert len(pairs) == size and all(src and tgt for src, tgt in pairs)
-    de_en = eng.load_multi30k("val", data_dir=LOCAL_COPY)
-    en_de = eng.load_multi30k("val", "en", "de", data_dir=LOCAL_COPY)
+    de_en = load_multi30k("val", data_dir=LOCAL_COPY)
+    en_de = load_multi30k("val", "en", "de", data_dir=LOCAL_COPY)
     assert de_en[0] == en_de[0][::-1]
     with gzip.open(LOCAL_COPY / "val.en.gz", "rt", encoding="utf-8") as file:
         assert de_en[0][1] == file.readline().rstrip("\n")
@@ -106,56 +112,56 @@ def test_local_copy_gives_aligned_pairs_of_every_split(isolated):
 @needs_data
 def test_environment_variable_points_at_the_local_copy(isolated, monkeypatch):
     monkeypatch.setenv("MULTI30K_DIR", str(LOCAL_COPY))
-    assert len(eng.load_multi30k("val", base_url=UNREACHABLE)) == 1014
+    assert len(load_multi30k("val", base_url=UNREACHABLE)) == 1014
     assert not (isolated / "cache").exists()  # nothing downloaded
 
 
 def test_missing_local_file_says_what_to_set(isolated):
-    with pytest.raises(eng.DatasetError, match=r"train\.de\.gz.*MULTI30K_DIR"):
-        eng.load_multi30k("val", data_dir=isolated / "empty")
+    with pytest.raises(safe_files.DatasetError, match=r"train\.de\.gz.*MULTI30K_DIR"):
+        load_multi30k("val", data_dir=isolated / "empty")
 
 
 @needs_data
 def test_corrupt_local_file_is_refused(isolated):
     folder = copy_of_data(isolated / "copy", corrupt="val.en.gz")
-    with pytest.raises(eng.DatasetError, match=r"val\.en\.gz has the wrong SHA-256"):
-        eng.load_multi30k("val", data_dir=folder)
+    with pytest.raises(safe_files.DatasetError, match=r"val\.en\.gz has the wrong SHA-256"):
+        load_multi30k("val", data_dir=folder)
 
 
 @needs_data
 def test_download_is_verified_and_cached(isolated):
     mirror = copy_of_data(isolated / "mirror")
-    pairs = eng.load_multi30k("val", base_url=mirror.as_uri() + "/")
+    pairs = load_multi30k("val", base_url=mirror.as_uri() + "/")
     assert len(pairs) == 1014
-    cached = sorted(p.name for p in eng.default_cache_dir().iterdir())
-    assert cached == sorted(eng.MULTI30K_SHA256)  # the folder is complete once verified
+    cached = sorted(p.name for p in safe_files.default_cache_dir().iterdir())
+    assert cached == sorted(safe_files.MULTI30K_SHA256)  # the folder is complete once verified
     # a second call reads the verified cache and needs no network
-    assert eng.load_multi30k("val", base_url=UNREACHABLE) == pairs
+    assert load_multi30k("val", base_url=UNREACHABLE) == pairs
 
 
 @needs_data
 def test_corrupt_download_is_discarded(isolated):
     mirror = copy_of_data(isolated / "mirror", corrupt="val.de.gz")
     with pytest.raises(
-        eng.DatasetError, match="could not download .*SHA-256 is not .*nothing was kept"
+        safe_files.DatasetError, match="could not download .*SHA-256 is not .*nothing was kept"
     ):
-        eng.load_multi30k("val", base_url=mirror.as_uri() + "/")
+        load_multi30k("val", base_url=mirror.as_uri() + "/")
     # the files verified before it are kept; of the corrupt one, neither the file nor a .tmp
-    kept = sorted(p.name for p in eng.default_cache_dir().iterdir())
+    kept = sorted(p.name for p in safe_files.default_cache_dir().iterdir())
     assert kept == ["train.de.gz", "train.en.gz"]
 
 
 def test_no_network_and_no_local_copy_says_what_to_set(isolated):
-    with pytest.raises(eng.DatasetError, match="could not download .*set MULTI30K_DIR"):
-        eng.load_multi30k("test2016", base_url=UNREACHABLE)
-    assert not any(eng.default_cache_dir().iterdir())
+    with pytest.raises(safe_files.DatasetError, match="could not download .*set MULTI30K_DIR"):
+        load_multi30k("test2016", base_url=UNREACHABLE)
+    assert not any(safe_files.default_cache_dir().iterdir())
 
 
 @needs_data
 def test_interrupted_download_leaves_nothing_behind(isolated, monkeypatch):
     mirror = copy_of_data(isolated / "mirror")
 
-    opened = eng.urllib.request.urlopen
+    opened = safe_files.urllib.request.urlopen
 
     class CutOff:  # a response that breaks after its first 1000 bytes
         def __init__(self, url, timeout):
@@ -173,20 +179,20 @@ def test_interrupted_download_leaves_nothing_behind(isolated, monkeypatch):
             self.sent = True
             return self.response.read(1000)
 
-    monkeypatch.setattr(eng.urllib.request, "urlopen", CutOff)
-    with pytest.raises(eng.DatasetError, match="could not download"):
-        eng.load_multi30k("val", base_url=mirror.as_uri() + "/")
-    assert not any(eng.default_cache_dir().iterdir())
+    monkeypatch.setattr(safe_files.urllib.request, "urlopen", CutOff)
+    with pytest.raises(safe_files.DatasetError, match="could not download"):
+        load_multi30k("val", base_url=mirror.as_uri() + "/")
+    assert not any(safe_files.default_cache_dir().iterdir())
 
 
 @needs_data
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="split must be one of"):
-        eng.load_multi30k("dev", data_dir=LOCAL_COPY)
+        load_multi30k("dev", data_dir=LOCAL_COPY)
     with pytest.raises(ValueError, match="'de' and 'en', in either order, .*src_lang='fr'"):
-        eng.load_multi30k("val", src_lang="fr", data_dir=LOCAL_COPY)
+        load_multi30k("val", src_lang="fr", data_dir=LOCAL_COPY)
     with pytest.raises(ValueError, match="tgt_lang='de'"):
-        eng.load_multi30k("val", "de", "de", data_dir=LOCAL_COPY)
+        load_multi30k("val", "de", "de", data_dir=LOCAL_COPY)
 
 
 # ---- BPE ---------------------------------------------------------------------------------

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import annotated_transformer as at
-import engineering_runs as eng
 import fast_decoding as fd
+import training_runs as training
 from toy import TINY, quiet, toy_pairs
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -285,7 +285,7 @@ def copy_model():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a model this small gains nothing from two, and busy cores slow it
     try:
-        run = eng.RunState.new(config, 12)
+        run = training.RunState.new(config, 12)
         for _ in range(60):
             batch = at.Batch.from_ids(at.copy_task_pairs(32, 12, 6, generator))
             at.train_step(run.model, batch, run.optimizer, run.scheduler, 0.0)
@@ -383,13 +383,13 @@ def test_the_shipped_translator_loads_and_reproduces_its_stored_translations():
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("run")
-    model, tokenizer, _ = eng.train(TINY, toy_pairs(), folder, log=quiet)
+    model, tokenizer, _ = training.train(TINY, toy_pairs(), folder, log=quiet)
     return folder, model, tokenizer
 
 
 def test_averaging_identical_checkpoints_is_the_identity(tiny_run):
     folder, _, _ = tiny_run
-    last = eng.snapshot_paths(folder)[-1]
+    last = training.snapshot_paths(folder)[-1]
     averaged = at.average_checkpoints([last, last, last])
     weights = torch.load(last, weights_only=True)["model"]
     assert averaged["model"].keys() == weights.keys()
@@ -398,14 +398,14 @@ def test_averaging_identical_checkpoints_is_the_identity(tiny_run):
 
 def test_averaging_two_checkpoints_is_the_mean_of_their_weights(tiny_run, tmp_path):
     folder, _, _ = tiny_run
-    paths = eng.snapshot_paths(folder)
+    paths = training.snapshot_paths(folder)
     assert [p.name for p in paths] == ["checkpoint-0000003.pt", "checkpoint-0000006.pt"]
     a, b = (torch.load(p, weights_only=True)["model"] for p in paths)
     averaged = at.average_checkpoints(paths)
     for name in a:
         torch.testing.assert_close(averaged["model"][name], (a[name] + b[name]) / 2)
     assert averaged["averaged_steps"] == [3, 6]
-    eng.save_checkpoint(tmp_path / "averaged.pt", averaged)
+    at.save_checkpoint(tmp_path / "averaged.pt", averaged)
     model, _ = at.load_checkpoint(tmp_path / "averaged.pt")
     torch.testing.assert_close(
         model.state_dict()["generator.projection.weight"],
@@ -417,10 +417,10 @@ def test_an_average_stores_a_tied_matrix_once(tiny_run, tmp_path):
     folder, model, _ = tiny_run  # TINY shares its embeddings and pre-softmax weights (§3.4)
     tied = ["src_embed.0.embedding.weight", "tgt_embed.0.embedding.weight"]
     tied.append("generator.projection.weight")
-    averaged = at.average_checkpoints(eng.snapshot_paths(folder))["model"]
+    averaged = at.average_checkpoints(training.snapshot_paths(folder))["model"]
     assert len({averaged[name].data_ptr() for name in tied}) == 1
-    eng.save_checkpoint(tmp_path / "averaged.pt", averaged)
-    stored = torch.load(tmp_path / "averaged.pt", weights_only=True)
+    at.save_checkpoint(tmp_path / "averaged.pt", {"model": averaged})
+    stored = torch.load(tmp_path / "averaged.pt", weights_only=True)["model"]
     unique = {tensor.data_ptr(): tensor.numel() for tensor in stored.values()}
     assert sum(unique.values()) == sum(p.numel() for p in model.parameters())
 
@@ -435,15 +435,15 @@ def test_the_shipped_average_holds_each_parameter_once():
 
 def test_checkpoints_of_different_runs_are_not_averaged(tiny_run, tmp_path):
     folder, _, _ = tiny_run
-    last = eng.snapshot_paths(folder)[-1]
+    last = training.snapshot_paths(folder)[-1]
     other = dict(torch.load(last, weights_only=True))
     other["config"] = {**other["config"], "smoothing": 0.3}
     torch.save(other, tmp_path / "other.pt")
     with pytest.raises(ValueError, match="have a different config: they come from different"):
         at.average_checkpoints([last, tmp_path / "other.pt"])
     # a run on other sentences: the same config, another vocabulary
-    eng.train(TINY, toy_pairs(seed=3), tmp_path / "b", log=quiet)
-    second = eng.snapshot_paths(tmp_path / "b")[-1]
+    training.train(TINY, toy_pairs(seed=3), tmp_path / "b", log=quiet)
+    second = training.snapshot_paths(tmp_path / "b")[-1]
     assert json.loads(other["tokenizer"]) != json.loads(at.read_checkpoint(second)["tokenizer"])
     with pytest.raises(ValueError, match="have a different tokenizer: they come from different"):
         at.average_checkpoints([last, second])
@@ -453,7 +453,7 @@ def test_checkpoints_of_different_runs_are_not_averaged(tiny_run, tmp_path):
 
 def test_load_checkpoint_restores_the_trained_model(tiny_run):
     folder, trained, tokenizer = tiny_run
-    for path in (folder / "checkpoint.pt", eng.snapshot_paths(folder)[-1]):
+    for path in (folder / "checkpoint.pt", training.snapshot_paths(folder)[-1]):
         model, loaded_tokenizer = at.load_checkpoint(path)
         assert not model.training
         assert loaded_tokenizer.to_str() == tokenizer.to_str()

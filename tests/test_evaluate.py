@@ -8,23 +8,24 @@ import pytest
 import torch
 
 import annotated_transformer as at
-import engineering_runs as eng
 import evaluate
 import fast_decoding as fd
+import script_helpers as helpers
+import training_runs as training
 from toy import TINY, quiet, toy_pairs
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("run")
-    eng.train(TINY, toy_pairs(), folder, log=quiet)
+    training.train(TINY, toy_pairs(), folder, log=quiet)
     return folder
 
 
 @pytest.fixture
 def short_outputs(monkeypatch):
     """Toy data, and outputs of at most 5 tokens: a 6-step model rarely ends a sentence."""
-    monkeypatch.setattr(eng, "load_multi30k", lambda split, data_dir=None: toy_pairs(8, seed=2))
+    monkeypatch.setattr(helpers, "load_multi30k", lambda split, data_dir=None: toy_pairs(8, seed=2))
     capped = lambda src_mask, max_len=None: torch.full((src_mask.size(0),), 5)  # noqa: E731
     monkeypatch.setattr(fd, "output_limits", capped)
 
@@ -67,7 +68,7 @@ def test_evaluate_command_line_writes_the_table(tiny_run, tmp_path, short_output
     # the averaged weights are stored in float16, and load back into a float32 model
     stored = at.read_checkpoint(tmp_path / "averaged.pt")["model"]
     assert {t.dtype for t in stored.values() if t.is_floating_point()} == {torch.float16}
-    snapshots = [at.read_checkpoint(p)["model"] for p in eng.snapshot_paths(tiny_run)[-2:]]
+    snapshots = [at.read_checkpoint(p)["model"] for p in training.snapshot_paths(tiny_run)[-2:]]
     model, _ = at.load_checkpoint(tmp_path / "averaged.pt")
     for name, tensor in model.state_dict().items():
         # the mean of the two snapshots in float64, rounded to float16 once
@@ -78,7 +79,7 @@ def test_evaluate_command_line_writes_the_table(tiny_run, tmp_path, short_output
 
 
 def test_evaluate_takes_its_settings_as_parameters(tiny_run, tmp_path, short_outputs):
-    snapshots = eng.snapshot_paths(tiny_run)
+    snapshots = training.snapshot_paths(tiny_run)
     evaluate.evaluate(tiny_run, tmp_path, snapshots, average=1, limit=3, dtype="float32")
     evaluation = json.loads((tmp_path / "evaluation.json").read_text())
     assert evaluation["averaged_steps"] == [6] and evaluation["sentences"] == {
@@ -91,7 +92,7 @@ def test_evaluate_takes_its_settings_as_parameters(tiny_run, tmp_path, short_out
     # the training machine, as the run recorded it with its precision, not the scorer's
     trained_on = json.loads((tiny_run / "metrics.json").read_text())["hardware"]
     assert evaluation["hardware"] == trained_on and trained_on.endswith(", float32")
-    assert trained_on.startswith(eng.hardware_description())
+    assert trained_on.startswith(training.hardware_description())
 
 
 @pytest.mark.parametrize("value", ["", "0.6,", "-1", "0.6,x", "inf", "nan"])
@@ -128,7 +129,7 @@ def test_evaluate_decodes_test_only_at_the_alpha_that_val_chose(
             "length_ratio": alpha / 2,
         }
 
-    val_pairs = eng.load_multi30k("val")
+    val_pairs = helpers.load_multi30k("val")
     monkeypatch.setattr(at, "evaluate_bleu", recorded)
     flags = ["--average", "2", "--alpha", "0.6,1.2,0.9"]
     assert evaluate.main(["--run", str(tiny_run), "--out", str(tmp_path), *flags]) == 0
@@ -151,7 +152,7 @@ def test_evaluate_keeps_the_first_of_equal_alphas(tiny_run, tmp_path, short_outp
     monkeypatch.setattr(
         at, "evaluate_bleu", lambda *args: {**real(*args), "bleu": 20.0}
     )  # every alpha ties
-    evaluate.evaluate(tiny_run, tmp_path, eng.snapshot_paths(tiny_run), alphas=(1.0, 0.6))
+    evaluate.evaluate(tiny_run, tmp_path, training.snapshot_paths(tiny_run), alphas=(1.0, 0.6))
     assert json.loads((tmp_path / "evaluation.json").read_text())["alpha"] == 1.0
 
 
@@ -159,13 +160,13 @@ def test_evaluate_within_hours_scores_the_run_as_it_stood_then(tmp_path, short_o
     # a run that validates at every snapshot, so each records its training time
     config = dataclasses.replace(TINY, eval_every=3, bleu_sentences=2)
     folder = tmp_path / "run"
-    eng.train(config, toy_pairs(), folder, val_pairs=toy_pairs(4, seed=3), log=quiet)
+    training.train(config, toy_pairs(), folder, val_pairs=toy_pairs(4, seed=3), log=quiet)
     # the tiny run takes well under a second: give its snapshots the training times of a
     # long one, half an hour and two hours, so that one hour falls between them
-    for path, seconds in zip(eng.snapshot_paths(folder), (1800.0, 7200.0)):
+    for path, seconds in zip(training.snapshot_paths(folder), (1800.0, 7200.0)):
         payload = at.read_checkpoint(path)
         payload["validation"]["seconds"] = seconds
-        eng.save_checkpoint(path, payload)
+        at.save_checkpoint(path, payload)
     out = tmp_path / "early"
     assert evaluate.main(["--run", str(folder), "--out", str(out), "--within-hours", "1"]) == 0
     evaluation = json.loads((out / "evaluation.json").read_text())

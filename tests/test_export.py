@@ -25,10 +25,11 @@ def test_committed_modules_match_the_chapters():
         )
 
 
-BACK_MATTER_MODULES = ("engineering_runs", "cuda_graphs", "fast_decoding")
-# what belongs to the back matter: runs that survive, CUDA graphs, fast decoding
+BACK_MATTER_MODULES = ("fast_decoding", "cuda_graphs", "training_runs")  # in reading order
+# what belongs to the back matter: fast decoding, CUDA graphs, runs that survive (the
+# checkpoint format is the paper's: 6.1 reads and writes it, beside averaging)
 MACHINERY = (
-    "RunFolder", "CHECKPOINT_FORMAT", "save_checkpoint", "RunConfig", "PROFILES", "GradScaler",
+    "RunFolder", "RunConfig", "PROFILES", "GradScaler",
     "autocast", "DistributedDataParallel", "CUDAGraph", "GraphedTrainStep", "KeyValueCache",
     "AttentionCache", "tqdm", ".lock",
 )  # fmt: skip
@@ -57,6 +58,29 @@ def test_the_papers_module_holds_chapters_3_to_6_and_no_machinery():
         assert re.findall(r"^# .*, from (chapters/\S+)\.ipynb$", module, re.M) == [
             f"chapters/{page}"
         ]
+
+
+def imported_modules(path):
+    """Every module a file imports, at its top or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_each_pages_module_imports_only_pages_that_come_before_it():
+    """Reading order is import order: a page's module may use the paper's and the back-matter
+    pages before it, never one after it, not even inside a function."""
+    pages = [f.split("/")[-1] for f in export.toc_files()]
+    modules = {path.stem: path for path in export.generate_all()}
+    order = {name: pages.index(name) if name in pages else -1 for name in modules}  # paper: -1
+    assert order["annotated_transformer"] == -1 and all(order[m] >= 0 for m in BACK_MATTER_MODULES)
+    for name, path in modules.items():
+        later = {other for other in modules if order[other] > order[name]}
+        assert not imported_modules(path) & later, f"{name} imports a page after it: {later}"
 
 
 def test_check_flag_reports_drift(tmp_path, monkeypatch, capsys):
@@ -124,7 +148,7 @@ def test_module_imports_without_side_effects(tmp_path):
         "import sys\n"
         "import annotated_transformer as at\n"
         "assert at.BASE.d_model == 512 and callable(at.make_model)\n"
-        "loaded = {'engineering_runs', 'cuda_graphs', 'fast_decoding'} & set(sys.modules)\n"
+        "loaded = {'training_runs', 'cuda_graphs', 'fast_decoding'} & set(sys.modules)\n"
         "assert not loaded, loaded\n"
     )
     result = subprocess.run(
@@ -139,6 +163,24 @@ def test_module_imports_without_side_effects(tmp_path):
     assert result.stdout == "" and result.stderr == ""
     assert list(tmp_path.iterdir()) == []
     assert sorted(p.name for p in code_dir.iterdir()) == before
+
+
+@pytest.mark.parametrize(
+    "module, unwanted",
+    [
+        ("safe_files", {"torch", "annotated_transformer"}),  # written files need no torch
+        ("script_helpers", {"training_runs", "cuda_graphs", "fast_decoding"}),
+        ("translate", {"training_runs", "cuda_graphs"}),  # translating trains nothing
+    ],
+)
+def test_a_module_loads_only_what_its_job_needs(module, unwanted):
+    probe = f"import sys\nimport {module}\nprint(sorted({unwanted!r} & set(sys.modules)))"
+    env = {**os.environ, "PYTHONPATH": str(export.MODULE.parent), "PYTHONDONTWRITEBYTECODE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", f"importing {module} loads {result.stdout.strip()}"
 
 
 def test_no_exported_function_is_longer_than_a_screen():
@@ -166,8 +208,8 @@ def test_the_papers_model_reads_without_decoding_or_training_machinery():
 
 
 def test_no_script_imports_another_script():
-    """Scripts in code/ share through the module and code/cli.py, never through each other:
-    a file with a `main` (a script) is never imported by another file of code/."""
+    """Scripts in code/ share through the modules and code/script_helpers.py, never through
+    each other: a file with a `main` (a script) is never imported by another file of code/."""
     code_dir = export.MODULE.parent
     scripts = {
         p.stem for p in code_dir.glob("*.py") if re.search(r"^def main\(", p.read_text(), re.M)

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import annotated_transformer as at
-import engineering_runs as eng
 import export_onnx
 import fast_decoding as fd
+import script_helpers as helpers
 
 ort = pytest.importorskip("onnxruntime")
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -77,7 +77,7 @@ def models(folder):
 @pytest.fixture(scope="module")
 def val(models):
     model, tokenizer, _ = models
-    sources = [german for german, _ in eng.load_multi30k("val")[:SENTENCES]]
+    sources = [german for german, _ in helpers.load_multi30k("val")[:SENTENCES]]
     encoded = at.encode_sentences(model, tokenizer, sources)
     src = at.pad_ids([encoded[i] for i in range(len(sources))])
     return src, at.padding_mask(src, at.PAD_ID)

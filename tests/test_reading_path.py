@@ -89,7 +89,7 @@ def test_shown_cells_hold_no_pragma_and_no_test_machinery(path):
         )
 
 
-BACK_MATTER_MODULES = {"engineering_runs", "cuda_graphs", "fast_decoding"}
+BACK_MATTER_MODULES = {"training_runs", "cuda_graphs", "fast_decoding"}
 PAPER_MODULE = "annotated_transformer"
 
 
@@ -168,7 +168,7 @@ def used_from_elsewhere(source, names, aliases):
 
 def test_the_reading_order_check_catches_what_it_should():
     imports = (
-        "from engineering_runs import load_multi30k\n"
+        "from training_runs import load_multi30k\n"
         "from annotated_transformer import attention, beam_search\n"
         "import fast_decoding as fd\nimport annotated_transformer as at\n"
     )
@@ -177,8 +177,8 @@ def test_the_reading_order_check_catches_what_it_should():
     assert sorted(used_from_elsewhere(shown, names, aliases)) == [
         "annotated_transformer.beam_search (later)",
         "annotated_transformer.y",
-        "engineering_runs.load_multi30k",
         "fast_decoding.x",
+        "training_runs.load_multi30k",
     ]
     assert used_from_elsewhere("attention(at.attention)", names, aliases) == []
 

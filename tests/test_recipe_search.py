@@ -4,8 +4,9 @@ import csv
 
 import pytest
 
-import engineering_runs as eng
 import recipe_search
+import script_helpers as helpers
+import training_runs as training
 from toy import TINY, toy_pairs
 
 
@@ -17,8 +18,8 @@ def tiny_search(monkeypatch):
         loaded.append(split)
         return toy_pairs(40, seed={"train": 0, "val": 1}[split])
 
-    monkeypatch.setattr(eng, "load_multi30k", load)
-    start = eng.apply_changes(
+    monkeypatch.setattr(helpers, "load_multi30k", load)
+    start = training.apply_changes(
         TINY, {"eval_every": 3, "checkpoint_every": 3, "bleu_sentences": 5, "max_steps": 3}
     )
     monkeypatch.setattr(recipe_search, "START", start)

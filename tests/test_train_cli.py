@@ -1,4 +1,4 @@
-"""code/train.py and what the scripts share in code/cli.py: flags from the config
+"""code/train.py and what the scripts share in code/script_helpers.py: flags from the config
 dataclasses (help from their docstrings), user errors as one line and exit code 2, results
 tables and shared tokenizers. What the module checks is tested with the module; here, only
 what the command line itself does."""
@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import annotated_transformer as at
-import cli
-import engineering_runs as eng
+import safe_files
+import script_helpers as helpers
 import train
+import training_runs as training
 from toy import toy_pairs
 
 TINY_FLAGS = ["--N", "1", "--d-model", "32", "--d-ff", "64", "--h", "2", "--vocab-size", "200"]
@@ -22,7 +23,7 @@ TINY_FLAGS += ["--max-tokens", "200", "--warmup-steps", "10", "--device", "cpu"]
 
 @pytest.fixture
 def toy_data(monkeypatch):
-    monkeypatch.setattr(eng, "load_multi30k", lambda split, data_dir=None: toy_pairs())
+    monkeypatch.setattr(helpers, "load_multi30k", lambda split, data_dir=None: toy_pairs())
 
 
 def exits_2_with_one_line(capsys, call, argv):
@@ -47,7 +48,7 @@ def test_every_config_field_is_a_flag_that_parses():
     given = {bool: [], int: ["3"], float: ["0.25"], str: ["learned"]}
     parsed = {bool: True, int: 3, float: 0.25, str: "learned"}
     names = set()
-    for field in dataclasses.fields(eng.RunConfig) + dataclasses.fields(at.ModelConfig):
+    for field in dataclasses.fields(training.RunConfig) + dataclasses.fields(at.ModelConfig):
         if field.name == "model":
             continue
         kind = {int | None: int, bool | None: bool}.get(field.type, field.type)  # None: unset
@@ -62,14 +63,14 @@ def test_booleans_have_a_yes_and_a_no_form_and_unset_flags_keep_the_profile():
     args = train.parse_args(["--out", "x", "--no-pre-norm", "--share-embeddings"])
     assert args.pre_norm is False and args.share_embeddings is True
     assert args.dropout is None and args.max_steps is None
-    assert train.config_from_args(train.parse_args(["--out", "x"])) == eng.PROFILES["multi30k"]
+    assert train.config_from_args(train.parse_args(["--out", "x"])) == training.PROFILES["multi30k"]
 
 
 def test_a_field_documented_in_its_class_docstring_becomes_a_flag_with_that_help(
     monkeypatch, capsys
 ):
     @dataclasses.dataclass(frozen=True)
-    class Extended(eng.RunConfig):
+    class Extended(training.RunConfig):
         """A made-up recipe with one more field.
 
         Attributes:
@@ -79,7 +80,7 @@ def test_a_field_documented_in_its_class_docstring_becomes_a_flag_with_that_help
 
         gradient_clip: float = 0.0
 
-    monkeypatch.setattr(eng, "RunConfig", Extended)
+    monkeypatch.setattr(training, "RunConfig", Extended)
     assert train.parse_args(["--out", "x", "--gradient-clip", "1.5"]).gradient_clip == 1.5
     with pytest.raises(SystemExit):
         train.parse_args(["--help"])
@@ -90,7 +91,7 @@ def test_a_field_documented_in_its_class_docstring_becomes_a_flag_with_that_help
 
 def test_every_train_and_model_config_field_has_help():
     for cls in (at.TrainConfig, at.ModelConfig):
-        helps = cli.field_help(cls)
+        helps = helpers.field_help(cls)
         for field in dataclasses.fields(cls):
             if field.name != "model":
                 assert helps.get(field.name, "").strip(), f"{cls.__name__}.{field.name}"
@@ -99,11 +100,11 @@ def test_every_train_and_model_config_field_has_help():
 def test_flags_override_the_profile_and_the_logged_command_round_trips():
     argv = ["--out", "x", "--d-model", "128", "--pre-norm", "--lr-factor", "0.5", "--h", "8"]
     config = train.config_from_args(train.parse_args([*argv, "--N", "1"]))
-    profile = eng.PROFILES["multi30k"]  # the default profile
+    profile = training.PROFILES["multi30k"]  # the default profile
     changed = dict(d_model=128, pre_norm=True, h=8, N=1)  # N=1: a flag with a value, not --N
     assert config.model == dataclasses.replace(profile.model, **changed)
     assert config == dataclasses.replace(profile, model=config.model, lr_factor=0.5)
-    command = cli.command_for(config)
+    command = helpers.command_for(config)
     assert command.startswith("python code/train.py --profile quick ")
     assert "--pre-norm" in command.split() and "--d-model 128" in command
     assert train.config_from_args(train.parse_args(["--out", "x", *command.split()[2:]])) == config
@@ -190,17 +191,17 @@ def test_a_bug_inside_a_script_keeps_its_traceback(tmp_path, toy_data, monkeypat
     def broken(*args, **kwargs):
         raise bug
 
-    monkeypatch.setattr(eng, "train", broken)
+    monkeypatch.setattr(training, "train", broken)
     with pytest.raises(type(bug), match=str(bug)):
         train.main(["--out", str(tmp_path / "run"), *TINY_FLAGS])
 
 
 def test_the_users_errors_are_told_from_bugs():
-    users = [at.InputError("d_model must be even"), eng.DatasetError("no file"),
+    users = [at.InputError("d_model must be even"), safe_files.DatasetError("no file"),
              FileNotFoundError(2, "No such file or directory", "de.txt"),
              OSError(errno.ENOSPC, "No space left on device")]  # fmt: skip
     bugs = [ValueError("x"), TypeError("x"), KeyError("x"), OSError("x"), RuntimeError("x")]
-    assert [cli.users_to_fix(e) for e in users + bugs] == [True] * 4 + [False] * 5
+    assert [helpers.users_to_fix(e) for e in users + bugs] == [True] * 4 + [False] * 5
 
 
 def test_command_line_reports_missing_data(tmp_path, monkeypatch, capsys):
@@ -214,28 +215,28 @@ def test_command_line_reports_missing_data(tmp_path, monkeypatch, capsys):
 
 def test_a_results_table_is_written_whole_and_read_back_as_strings(tmp_path, monkeypatch):
     path = tmp_path / "table.csv"
-    assert cli.read_csv(path) == []
-    cli.write_csv(path, [{"row": "base", "ppl": 4.5}], ["row", "ppl"])
+    assert helpers.read_csv(path) == []
+    helpers.write_csv(path, [{"row": "base", "ppl": 4.5}], ["row", "ppl"])
     assert path.read_bytes() == b"row,ppl\r\nbase,4.5\r\n"
-    assert cli.read_csv(path) == [{"row": "base", "ppl": "4.5"}]
+    assert helpers.read_csv(path) == [{"row": "base", "ppl": "4.5"}]
 
     def crash(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(cli.os, "replace", crash)
+    monkeypatch.setattr(helpers.os, "replace", crash)
     with pytest.raises(OSError):
-        cli.write_csv(path, [{"row": "other", "ppl": 1}], ["row", "ppl"])
-    assert cli.read_csv(path) == [{"row": "base", "ppl": "4.5"}]  # the old table, whole
+        helpers.write_csv(path, [{"row": "other", "ppl": 1}], ["row", "ppl"])
+    assert helpers.read_csv(path) == [{"row": "base", "ppl": "4.5"}]  # the old table, whole
 
 
 def test_the_log_appends_to_its_file_and_echoes(tmp_path):
     echoed = []
     for message in ("first", "second"):
-        with cli.log_to(tmp_path / "logs" / "run.log", echo=echoed.append) as log:
+        with helpers.log_to(tmp_path / "logs" / "run.log", echo=echoed.append) as log:
             log(message)
     assert (tmp_path / "logs" / "run.log").read_text() == "first\nsecond\n"
     assert echoed == ["first", "second"]
-    with cli.log_to(None, echo=None) as log:
+    with helpers.log_to(None, echo=None) as log:
         log("nowhere")  # rank > 0 of a distributed run: no file, no output
 
 
@@ -248,14 +249,14 @@ def test_one_tokenizer_per_vocabulary_size_is_learned_once(tmp_path, monkeypatch
         return original(pairs, vocab_size, path)
 
     monkeypatch.setattr(at, "train_bpe", counting)
-    get = cli.tokenizers(toy_pairs(), tmp_path)
+    get = helpers.tokenizers(toy_pairs(), tmp_path)
     first = get(40)
     assert get(40) is first and get(50).get_vocab_size() == 50 and learned == [40, 50]
     assert (tmp_path / "tokenizer-40.json").exists()
     # another process (a second search sharing the folder) reads the file, learns nothing
-    again = cli.tokenizers(toy_pairs(), tmp_path)(40)
+    again = helpers.tokenizers(toy_pairs(), tmp_path)(40)
     assert again.get_vocab() == first.get_vocab() and learned == [40, 50]
-    assert cli.tokenizers(toy_pairs())(40).get_vocab() == first.get_vocab()  # in memory only
+    assert helpers.tokenizers(toy_pairs())(40).get_vocab() == first.get_vocab()  # in memory only
 
 
 @pytest.mark.parametrize("capability", [(7, 0), (7, 5), (8, 0), (9, 0)])  # V100 T4 A100 H100
@@ -266,7 +267,7 @@ def test_on_any_gpu_the_default_is_float32_with_cuda_graphs_for_one_process(
 
     def options(*flags, world=1, device="cuda", profile="multi30k"):
         args = train.parse_args(["--out", str(tmp_path), "--profile", profile, *flags])
-        return eng.run_options(train.config_from_args(args), device, world)
+        return training.run_options(train.config_from_args(args), device, world)
 
     float16 = capability < (8, 0)  # auto: bf16 from compute capability 8.0, fp16 below
     assert options() == (None, True, True)

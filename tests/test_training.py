@@ -1,4 +1,4 @@
-"""§5 training (chapter 5) and the machinery of long runs (the engineering page): batches,
+"""§5 training (chapter 5) and the machinery of long runs (the training-runs page): batches,
 the schedule of Eq. (3), Adam, label smoothing, checkpoints that are atomic and resume
 exactly, and the plain loop agreeing with the full one."""
 
@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 
 import annotated_transformer as at
-import engineering_runs as eng
 import fast_decoding as fd
+import safe_files
+import training_runs as training
 from host_work import host_work
 from toy import TINY, quiet, toy_pairs
 
@@ -92,20 +93,20 @@ def test_warmup_ablation_schedules_differ_from_equation_3_only_before_its_warmup
 def test_warmup_ablation_small_run_writes_one_row_per_logged_step_and_the_machine(tmp_path, capsys):
     import warmup_ablation
 
-    import cli
+    import script_helpers as helpers
 
     out = tmp_path / "warmup.csv"
     argv = ["--out", str(out), "--steps", "5", "--log-every", "2", "--seeds", "0"]
     assert warmup_ablation.main([*argv, "--arms", "1:2", "1:0"]) == 0
     assert capsys.readouterr().out.count("copied") == 2  # one line per run
-    rows = cli.read_csv(out)
+    rows = helpers.read_csv(out)
     assert [(r["N"], r["warmup"], r["step"]) for r in rows] == [
         ("1", "2", "2"), ("1", "2", "4"), ("1", "2", "5"),
         ("1", "0", "2"), ("1", "0", "4"), ("1", "0", "5"),
     ]  # fmt: skip
     assert [r["accuracy"] != "" for r in rows] == [False, False, True] * 2
     assert all(0 <= float(r["accuracy"]) <= 1 for r in rows if r["accuracy"])
-    assert all(r["hardware"] == eng.hardware_description() for r in rows)
+    assert all(r["hardware"] == training.hardware_description() for r in rows)
     assert all(math.isfinite(float(r["loss"])) for r in rows)
 
 
@@ -212,11 +213,11 @@ def parameters(model):
 
 def test_n_steps_then_resume_to_2n_equals_2n_straight(tmp_path):
     pairs = toy_pairs()  # a few batches per epoch, so the runs cross epoch boundaries
-    straight, _, history = eng.train(
+    straight, _, history = training.train(
         dataclasses.replace(TINY, max_steps=12), pairs, tmp_path / "a", log=quiet
     )
-    eng.train(TINY, pairs, tmp_path / "b", log=quiet)
-    resumed, _, resumed_history = eng.train(
+    training.train(TINY, pairs, tmp_path / "b", log=quiet)
+    resumed, _, resumed_history = training.train(
         dataclasses.replace(TINY, max_steps=12), pairs, tmp_path / "b", resume=True, log=quiet
     )
     assert len(at.batch_by_tokens([(len(s.split()), 1) for s, _ in pairs], 200)) < 12
@@ -225,13 +226,13 @@ def test_n_steps_then_resume_to_2n_equals_2n_straight(tmp_path):
 
 
 def test_run_writes_checkpoint_tokenizer_and_metrics(tmp_path):
-    eng.train(TINY, toy_pairs(), tmp_path, log=quiet)
+    training.train(TINY, toy_pairs(), tmp_path, log=quiet)
     checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert checkpoint["step"] == 6 and checkpoint["config"] == TINY.defining_fields()
     tokenizer = at.load_tokenizer(tmp_path / "tokenizer.json")
     assert checkpoint["tokenizer"] == tokenizer.to_str()  # a checkpoint is self-contained
     assert tokenizer.get_vocab_size() <= 200
-    snapshots = [p.name for p in eng.snapshot_paths(tmp_path)]
+    snapshots = [p.name for p in training.snapshot_paths(tmp_path)]
     assert snapshots == ["checkpoint-0000003.pt", "checkpoint-0000006.pt"]
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert [h["step"] for h in metrics["history"]] == [1, 2, 3, 4, 5, 6]
@@ -240,15 +241,15 @@ def test_run_writes_checkpoint_tokenizer_and_metrics(tmp_path):
 
 def test_a_write_that_fails_keeps_the_old_file_and_leaves_nothing(tmp_path):
     path = tmp_path / "metrics.json"
-    eng.write_json(path, {"step": 1})
-    with pytest.raises(RuntimeError), eng.atomic_file(path) as file:
+    safe_files.write_json(path, {"step": 1})
+    with pytest.raises(RuntimeError), safe_files.atomic_file(path) as file:
         file.write('{"step": 2, "hal')
         raise RuntimeError("killed mid-write")
     assert json.loads(path.read_text()) == {"step": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.json"]
     with (
-        eng.atomic_file(tmp_path / "a.bin", "wb") as first,
-        eng.atomic_file(tmp_path / "a.bin", "wb") as second,
+        safe_files.atomic_file(tmp_path / "a.bin", "wb") as first,
+        safe_files.atomic_file(tmp_path / "a.bin", "wb") as second,
     ):  # two writers of one file never share a temporary name
         first.write(b"first"), second.write(b"second")
     assert (tmp_path / "a.bin").read_bytes() == b"first"  # the last to finish, whole
@@ -257,36 +258,36 @@ def test_a_write_that_fails_keeps_the_old_file_and_leaves_nothing(tmp_path):
 def test_every_file_in_code_is_renamed_into_place_by_atomic_file():
     code = pathlib.Path(__file__).resolve().parent.parent / "code"
     renames = {p.name: p.read_text().count("os.replace(") for p in code.glob("*.py")}
-    assert {name: n for name, n in renames.items() if n} == {"engineering_runs.py": 1}
+    assert {name: n for name, n in renames.items() if n} == {"safe_files.py": 1}
 
 
 @pytest.fixture
 def one_second_steps(monkeypatch):
     """train's clock, faked: a step takes one second; validating and saving take none."""
     clock = [0.0]
-    monkeypatch.setattr(eng.time, "perf_counter", lambda: clock[0])
-    step = eng.train_step_amp
+    monkeypatch.setattr(training.time, "perf_counter", lambda: clock[0])
+    step = training.train_step_amp
 
     def one_second_step(*args, **kwargs):
         clock[0] += 1.0
         return step(*args, **kwargs)
 
-    monkeypatch.setattr(eng, "train_step_amp", one_second_step)
+    monkeypatch.setattr(training, "train_step_amp", one_second_step)
 
 
 def test_a_time_budget_ends_the_run_at_the_last_checkpoint_its_pace_fits(
     tmp_path, one_second_steps
 ):
     config = dataclasses.replace(TINY, max_steps=30, checkpoint_every=3, max_seconds=10.0)
-    _, _, history = eng.train(config, toy_pairs(), tmp_path / "a", log=quiet)
+    _, _, history = training.train(config, toy_pairs(), tmp_path / "a", log=quiet)
     # at step 3 (3 s) the next checkpoint comes at 6 s, at step 6 at 9 s, at step 9 at 12 s,
     # past the 10 s budget: the run ends at step 9, its last snapshot
     checkpoint = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
     assert len(history) == 9 and checkpoint["step"] == 9 and checkpoint["seconds"] == 9.0
-    assert eng.snapshot_paths(tmp_path / "a")[-1].name == "checkpoint-0000009.pt"
+    assert training.snapshot_paths(tmp_path / "a")[-1].name == "checkpoint-0000009.pt"
     # a larger budget on resume continues the run: at step 12 the next would end at 15 s
     longer = dataclasses.replace(config, max_seconds=14.0)
-    _, _, history = eng.train(longer, toy_pairs(), tmp_path / "a", resume=True, log=quiet)
+    _, _, history = training.train(longer, toy_pairs(), tmp_path / "a", resume=True, log=quiet)
     assert len(history) == 12
     with pytest.raises(ValueError, match="max_seconds must be a finite number >= 0"):
         dataclasses.replace(TINY, max_seconds=-1.0)
@@ -298,7 +299,9 @@ def test_out_of_time_asks_at_checkpoints_whether_the_next_one_would_pass_the_bud
     def ask(step, seconds, max_seconds=10.0, world=1):
         config = dataclasses.replace(TINY, checkpoint_every=3, max_seconds=max_seconds)
         state = SimpleNamespace(step=step, seconds=seconds)
-        return eng.out_of_time(state, SimpleNamespace(config=config, world=world, device="cpu"))
+        return training.out_of_time(
+            state, SimpleNamespace(config=config, world=world, device="cpu")
+        )
 
     assert not ask(6, 6.0)  # next checkpoint at 6 * (1 + 3/6) = 9 s <= 10 s
     assert ask(9, 9.0)  # 12 s > 10 s
@@ -320,28 +323,30 @@ def test_out_of_time_asks_at_checkpoints_whether_the_next_one_would_pass_the_bud
 def test_the_annealed_rate_is_eq_3_until_warmup_ends_then_falls_on_a_line_to_zero():
     d_model, factor, warmup, last = 256, 0.33, 400, 2400
     for step in (1, 100, 399, 400):  # warm-up: Eq. (3) itself, planned or not
-        assert eng.annealed_rate(step, d_model, factor, warmup, last) == at.rate(
+        assert training.annealed_rate(step, d_model, factor, warmup, last) == at.rate(
             step, d_model, factor, warmup
         )
     # by hand: halfway from 400 to 2400, Eq. (3)'s 1400^-0.5 branch times one half
     halfway = factor * d_model**-0.5 * 1400**-0.5 * 0.5
-    assert eng.annealed_rate(1400, d_model, factor, warmup, last) == pytest.approx(halfway)
-    assert eng.annealed_rate(last, d_model, factor, warmup, last) == 0.0
-    assert eng.annealed_rate(last + 50, d_model, factor, warmup, last) == 0.0
-    assert eng.annealed_rate(1400, d_model, factor, warmup, 0) == at.rate(
+    assert training.annealed_rate(1400, d_model, factor, warmup, last) == pytest.approx(halfway)
+    assert training.annealed_rate(last, d_model, factor, warmup, last) == 0.0
+    assert training.annealed_rate(last + 50, d_model, factor, warmup, last) == 0.0
+    assert training.annealed_rate(1400, d_model, factor, warmup, 0) == at.rate(
         1400, d_model, factor, warmup
     )
 
 
 def test_the_plain_and_the_device_schedule_anneal_alike_once_planned():
     config = dataclasses.replace(TINY, anneal=0.5, warmup_steps=10, max_steps=40)
-    plain, graphed = (eng.RunState.new(config, 50, cuda_graphs=graphs) for graphs in (False, True))
-    assert isinstance(plain.scheduler.lr_lambdas[0], eng.AnnealedRate)
+    plain, graphed = (
+        training.RunState.new(config, 50, cuda_graphs=graphs) for graphs in (False, True)
+    )
+    assert isinstance(plain.scheduler.lr_lambdas[0], training.AnnealedRate)
     d_model, factor = config.model.d_model, config.lr_factor
     for done in range(40):  # `done` updates made: both hold the rate of update done + 1
         if done == 12:
-            eng.set_last_step(plain, 40)
-            eng.set_last_step(graphed, 40)
+            training.set_last_step(plain, 40)
+            training.set_last_step(graphed, 40)
         planned = 40 if done >= 12 else 0
         expected = at.rate(done + 1, d_model, factor, 10) * (
             min(1.0, (40 - done - 1) / (0.5 * 30)) if planned else 1.0
@@ -362,10 +367,10 @@ def test_the_plan_ends_at_the_last_checkpoint_that_the_warmup_pace_fits(tmp_path
             TINY, anneal=0.2, warmup_steps=400, checkpoint_every=100, max_steps=max_steps
         )
         config = dataclasses.replace(config, max_seconds=max_seconds)
-        state = eng.RunState.new(config, 50)
+        state = training.RunState.new(config, 50)
         state.step, state.seconds = 400, seconds
         context = SimpleNamespace(config=config, world=world, device="cpu", log=quiet)
-        eng.plan_last_step(state, context)
+        training.plan_last_step(state, context)
         assert state.scheduler.lr_lambdas[0].last_step == state.last_step
         return state.last_step
 
@@ -387,7 +392,7 @@ def test_the_plan_ends_at_the_last_checkpoint_that_the_warmup_pace_fits(tmp_path
 def test_an_annealed_budget_ends_at_its_plan_with_the_rate_at_zero(tmp_path, one_second_steps):
     config = dataclasses.replace(TINY, anneal=1.0, warmup_steps=10, checkpoint_every=3)
     config = dataclasses.replace(config, max_steps=100, max_seconds=31.0)
-    _, _, history = eng.train(config, toy_pairs(), tmp_path / "a", log=quiet)
+    _, _, history = training.train(config, toy_pairs(), tmp_path / "a", log=quiet)
     # planned at step 10 (the first log after warm-up): 10 s for 10 steps, 31 fit, and
     # the checkpoint before is step 30
     d_model = config.model.d_model
@@ -400,8 +405,8 @@ def test_an_annealed_budget_ends_at_its_plan_with_the_rate_at_zero(tmp_path, one
 def test_an_annealed_run_stopped_and_resumed_equals_one_that_never_stopped(tmp_path, monkeypatch):
     config = dataclasses.replace(TINY, anneal=0.5, warmup_steps=4, max_steps=12, log_every=2)
     pairs = toy_pairs()
-    straight, _, history = eng.train(config, pairs, tmp_path / "a", log=quiet)
-    step, calls = eng.train_step_amp, [0]
+    straight, _, history = training.train(config, pairs, tmp_path / "a", log=quiet)
+    step, calls = training.train_step_amp, [0]
 
     def stop_after_seven(*args, **kwargs):  # the machine goes away during update 8
         calls[0] += 1
@@ -409,24 +414,26 @@ def test_an_annealed_run_stopped_and_resumed_equals_one_that_never_stopped(tmp_p
             raise KeyboardInterrupt
         return step(*args, **kwargs)
 
-    monkeypatch.setattr(eng, "train_step_amp", stop_after_seven)
+    monkeypatch.setattr(training, "train_step_amp", stop_after_seven)
     with pytest.raises(KeyboardInterrupt):
-        eng.train(config, pairs, tmp_path / "b", log=quiet)
-    monkeypatch.setattr(eng, "train_step_amp", step)
+        training.train(config, pairs, tmp_path / "b", log=quiet)
+    monkeypatch.setattr(training, "train_step_amp", step)
     assert torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)["step"] == 6
-    resumed, _, resumed_history = eng.train(config, pairs, tmp_path / "b", resume=True, log=quiet)
+    resumed, _, resumed_history = training.train(
+        config, pairs, tmp_path / "b", resume=True, log=quiet
+    )
     assert all(torch.equal(a, b) for a, b in zip(parameters(straight), parameters(resumed)))
     assert history == resumed_history and history[-1]["lr"] == 0.0
 
 
-@pytest.mark.parametrize("profile", sorted(eng.PROFILES))
+@pytest.mark.parametrize("profile", sorted(training.PROFILES))
 def test_every_profile_takes_two_steps_and_its_peak_learning_rate_is_moderate(profile, tmp_path):
     # the GPU-sized profiles too (base runs here only like this): two steps on toy data, a
     # finite loss and a learning rate that rises during warm-up
     config = dataclasses.replace(
-        eng.PROFILES[profile], max_steps=2, checkpoint_every=2, eval_every=2
+        training.PROFILES[profile], max_steps=2, checkpoint_every=2, eval_every=2
     )
-    eng.train(config, toy_pairs(), tmp_path, log=quiet)
+    training.train(config, toy_pairs(), tmp_path, log=quiet)
     history = json.loads((tmp_path / "metrics.json").read_text())["history"]
     assert [h["step"] for h in history] == [1, 2] and all(math.isfinite(h["loss"]) for h in history)
     assert history[0]["lr"] < history[1]["lr"]
@@ -440,8 +447,8 @@ def test_every_profile_takes_two_steps_and_its_peak_learning_rate_is_moderate(pr
 
 def test_only_the_last_keep_checkpoints_snapshots_are_kept(tmp_path):
     config = dataclasses.replace(TINY, max_steps=12, checkpoint_every=2, keep_checkpoints=3)
-    eng.train(config, toy_pairs(), tmp_path, log=quiet)
-    steps = [torch.load(p, weights_only=True)["step"] for p in eng.snapshot_paths(tmp_path)]
+    training.train(config, toy_pairs(), tmp_path, log=quiet)
+    steps = [torch.load(p, weights_only=True)["step"] for p in training.snapshot_paths(tmp_path)]
     assert steps == [8, 10, 12]
 
 
@@ -449,7 +456,7 @@ def test_bf16_autocast_trains_close_to_float32(tmp_path):
     runs = {}
     for amp in (None, "bf16"):
         config = dataclasses.replace(TINY, amp=amp or "off")
-        _, _, history = eng.train(config, toy_pairs(), tmp_path / str(amp), log=quiet)
+        _, _, history = training.train(config, toy_pairs(), tmp_path / str(amp), log=quiet)
         runs[amp] = [h["loss"] for h in history]
     assert runs[None] != runs["bf16"]  # autocast really changed the arithmetic
     assert max(abs(a - b) for a, b in zip(runs[None], runs["bf16"])) < 0.1
@@ -460,15 +467,15 @@ import json, sys
 import torch
 sys.path.insert(0, {code!r})
 import annotated_transformer as at
-import engineering_runs as eng
+import training_runs as training
 
 torch.distributed.init_process_group("gloo")
 rank = torch.distributed.get_rank()
-config = eng.RunConfig(**{config!r})
+config = training.RunConfig(**{config!r})
 pairs = json.load(open({pairs!r}))
 for steps, out, resume, *extra in {plan!r}:  # extra: other changes to the config
-    config = eng.apply_changes(config, {{"max_steps": steps, **(extra[0] if extra else {{}})}})
-    model, _, history = eng.train(config, pairs, out, resume=resume, log=lambda m: None)
+    config = training.apply_changes(config, {{"max_steps": steps, **(extra[0] if extra else {{}})}})
+    model, _, history = training.train(config, pairs, out, resume=resume, log=lambda m: None)
     torch.save({{"model": model.state_dict(), "history": history, "rng": torch.get_rng_state()}},
                f"{{out}}/rank{{rank}}-{{steps}}.pt")
 torch.distributed.destroy_process_group()
@@ -529,7 +536,7 @@ def test_two_ranks_with_a_compiled_model_train_as_without(tmp_path):
     # same tracing and autograd graphs as the default, without generating C++) must see
     # through the wrapper; the run then makes the same updates as the eager one
     config = dataclasses.replace(TINY, max_steps=4, checkpoint_every=4, max_tokens=400)
-    config = eng.apply_changes(config, {"dropout": 0.0})
+    config = training.apply_changes(config, {"dropout": 0.0})
     eager, compiled = str(tmp_path / "eager"), str(tmp_path / "compiled")
     plan = [(4, eager, False, {}), (4, compiled, False, {"compile": "aot_eager"})]
     run_two_ranks(tmp_path, plan, config)
@@ -544,46 +551,46 @@ def test_two_ranks_with_a_compiled_model_train_as_without(tmp_path):
 
 
 def test_resuming_with_another_configuration_or_format_is_refused(tmp_path):
-    eng.train(TINY, toy_pairs(), tmp_path, log=quiet)
+    training.train(TINY, toy_pairs(), tmp_path, log=quiet)
     other = dataclasses.replace(TINY, smoothing=0.2, max_steps=9)
     with pytest.raises(ValueError, match="different configuration .*smoothing: 0.1 -> 0.2"):
-        eng.train(other, toy_pairs(), tmp_path, resume=True, log=quiet)
-    other = eng.apply_changes(TINY, {"dropout": 0.3})
+        training.train(other, toy_pairs(), tmp_path, resume=True, log=quiet)
+    other = training.apply_changes(TINY, {"dropout": 0.3})
     with pytest.raises(ValueError, match=r"\(model\.dropout: 0\.1 -> 0\.3\)"):
-        eng.train(other, toy_pairs(), tmp_path, resume=True, log=quiet)
+        training.train(other, toy_pairs(), tmp_path, resume=True, log=quiet)
     payload = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     torch.save({**payload, "format": 1}, tmp_path / "checkpoint.pt")
     with pytest.raises(ValueError, match=r"\(checkpoint format: 1 -> 3\)"):
-        eng.train(dataclasses.replace(TINY, max_steps=9), toy_pairs(), tmp_path, resume=True,
+        training.train(dataclasses.replace(TINY, max_steps=9), toy_pairs(), tmp_path, resume=True,
                  log=quiet)  # fmt: skip
 
 
 def test_a_float32_run_resumes_in_float32_and_not_in_float16(tmp_path):
-    eng.train(TINY, toy_pairs(), tmp_path, log=quiet)  # its gradient scaler saved nothing
+    training.train(TINY, toy_pairs(), tmp_path, log=quiet)  # its gradient scaler saved nothing
     more = dataclasses.replace(TINY, max_steps=8)
     with pytest.raises(ValueError, match=r"precision: 'float32' -> 'float16'.*amp='off'"):
-        eng.train(dataclasses.replace(more, amp="fp16"), toy_pairs(), tmp_path, resume=True,
+        training.train(dataclasses.replace(more, amp="fp16"), toy_pairs(), tmp_path, resume=True,
                   log=quiet)  # fmt: skip
-    _, _, history = eng.train(more, toy_pairs(), tmp_path, resume=True, log=quiet)
+    _, _, history = training.train(more, toy_pairs(), tmp_path, resume=True, log=quiet)
     assert [h["step"] for h in history] == list(range(1, 9))
 
 
 def test_a_new_run_never_overwrites_an_earlier_one(tmp_path):
-    eng.train(TINY, toy_pairs(), tmp_path, log=quiet)
+    training.train(TINY, toy_pairs(), tmp_path, log=quiet)
     before = (tmp_path / "checkpoint.pt").read_bytes()
     with pytest.raises(FileExistsError, match="already exists; resume it"):
-        eng.train(TINY, toy_pairs(seed=1), tmp_path, log=quiet)
+        training.train(TINY, toy_pairs(seed=1), tmp_path, log=quiet)
     assert (tmp_path / "checkpoint.pt").read_bytes() == before
 
 
 def test_resuming_without_a_checkpoint_says_so(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint at"):
-        eng.train(TINY, toy_pairs(), tmp_path, resume=True, log=quiet)
+        training.train(TINY, toy_pairs(), tmp_path, resume=True, log=quiet)
 
 
 def test_a_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "checkpoint.pt"
-    eng.save_checkpoint(path, {"step": 1, "weights": torch.ones(3)})
+    at.save_checkpoint(path, {"step": 1, "weights": torch.ones(3)})
 
     def crash(payload, file):
         file.write(b"half a checkpoint")
@@ -591,7 +598,7 @@ def test_a_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypat
 
     monkeypatch.setattr(at.torch, "save", crash)
     with pytest.raises(OSError, match="disk full"):
-        eng.save_checkpoint(path, {"step": 2, "weights": torch.zeros(3)})
+        at.save_checkpoint(path, {"step": 2, "weights": torch.zeros(3)})
     monkeypatch.undo()
     assert torch.load(path, weights_only=True)["step"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
@@ -629,11 +636,11 @@ def test_an_fp16_step_with_the_gradient_scaler_is_close_to_the_float32_step():
     config = dataclasses.replace(TINY, vocab_size=40)
     steps = {}
     for amp in (None, torch.float16):
-        run = eng.RunState.new(config, 40, "cpu", amp)
+        run = training.RunState.new(config, 40, "cpu", amp)
         assert run.scaler.is_enabled() == (amp is not None)  # only float16 needs the scaler
         before = parameters(run.model)
         torch.manual_seed(1)  # the same dropout masks for both
-        sums = eng.train_step_amp(
+        sums = training.train_step_amp(
             run.model, tiny_batch(), run.optimizer, run.scheduler, run.scaler, 0.1, amp=amp
         )
         updates = [a - b for a, b in zip(parameters(run.model), before)]
@@ -648,28 +655,28 @@ def test_an_fp16_step_with_the_gradient_scaler_is_close_to_the_float32_step():
 
 
 def test_amp_auto_is_float32_on_a_cpu_and_names_are_checked():
-    assert eng.autocast_dtype("auto", "cpu") is None
-    assert eng.autocast_dtype("bf16", "cpu") is torch.bfloat16
-    assert eng.autocast_dtype("fp16", "cuda") is torch.float16
+    assert training.autocast_dtype("auto", "cpu") is None
+    assert training.autocast_dtype("bf16", "cpu") is torch.bfloat16
+    assert training.autocast_dtype("fp16", "cuda") is torch.float16
     with pytest.raises(ValueError, match="amp must be one of"):
-        eng.autocast_dtype("half", "cpu")
+        training.autocast_dtype("half", "cpu")
 
 
 def test_compiled_step_equals_eager_within_tolerance():
     config = dataclasses.replace(
         TINY, vocab_size=40, model=dataclasses.replace(TINY.model, dropout=0.0)
     )
-    runs = [eng.RunState.new(config, 40) for _ in range(2)]
+    runs = [training.RunState.new(config, 40) for _ in range(2)]
     # the model, as a run with compile set does, in one graph (no break); "aot_eager" traces
     # and builds the autograd graphs as inductor does, without generating code: inductor's
     # C++ for a CPU costs half a minute on a fresh machine, and a GPU generates Triton instead
     compiled = torch.compile(runs[1].model, backend="aot_eager", fullgraph=True)
-    assert eng.unwrap(compiled) is runs[1].model
+    assert training.unwrap(compiled) is runs[1].model
     for step in range(3):
         batch = tiny_batch(seed=step)
-        eager = eng.train_step_amp(runs[0].model, batch, runs[0].optimizer, runs[0].scheduler,
+        eager = training.train_step_amp(runs[0].model, batch, runs[0].optimizer, runs[0].scheduler,
                               runs[0].scaler, 0.1)  # fmt: skip
-        fast = eng.train_step_amp(compiled, batch, runs[1].optimizer, runs[1].scheduler,
+        fast = training.train_step_amp(compiled, batch, runs[1].optimizer, runs[1].scheduler,
                              runs[1].scaler, 0.1)  # fmt: skip
         assert torch.allclose(eager, fast, rtol=1e-4)
     for x, y in zip(parameters(runs[0].model), parameters(runs[1].model)):
@@ -680,19 +687,19 @@ def test_the_whole_training_step_runs_on_the_meta_device():
     # every tensor the step creates must follow the model's device: a placement error
     # (a tensor made on the CPU by default) fails here just as it would on a GPU
     with torch.device("meta"):
-        run = eng.RunState.new(dataclasses.replace(TINY, vocab_size=40), 40, "meta")
+        run = training.RunState.new(dataclasses.replace(TINY, vocab_size=40), 40, "meta")
     corpus = at.EncodedCorpus(at.copy_task_pairs(8, 40, 5, torch.Generator().manual_seed(0)))
-    batch = eng.corpus_on(corpus, "meta").batch(list(range(8)))
+    batch = training.corpus_on(corpus, "meta").batch(list(range(8)))
     assert batch.src.device.type == "meta" and batch.tgt_mask.device.type == "meta"
-    sums = eng.train_step_amp(run.model, batch, run.optimizer, run.scheduler, run.scaler, 0.1)
+    sums = training.train_step_amp(run.model, batch, run.optimizer, run.scheduler, run.scaler, 0.1)
     assert sums.device.type == "meta" and sums.shape == (2,)
 
 
 def meta_run_and_corpus():
     with torch.device("meta"):
-        run = eng.RunState.new(dataclasses.replace(TINY, vocab_size=40), 40, "meta")
+        run = training.RunState.new(dataclasses.replace(TINY, vocab_size=40), 40, "meta")
     data = at.copy_task_pairs(8, 40, 5, torch.Generator().manual_seed(0))
-    return run, data, eng.corpus_on(at.EncodedCorpus(data), "meta")
+    return run, data, training.corpus_on(at.EncodedCorpus(data), "meta")
 
 
 def test_a_training_step_and_the_batch_it_trains_on_do_no_host_work():
@@ -703,8 +710,10 @@ def test_a_training_step_and_the_batch_it_trains_on_do_no_host_work():
     rows = torch.tensor(indices, device="meta")  # train_epoch copies an epoch's rows at once
 
     def step():
-        batch = eng.cut_batch(corpus, indices, rows=rows)
-        return eng.train_step_amp(run.model, batch, run.optimizer, run.scheduler, run.scaler, 0.1)
+        batch = training.cut_batch(corpus, indices, rows=rows)
+        return training.train_step_amp(
+            run.model, batch, run.optimizer, run.scheduler, run.scaler, 0.1
+        )
 
     assert host_work(step) == []
     src, tgt = (at.pad_ids([pair[side] for pair in data]).to("meta") for side in (0, 1))
@@ -740,22 +749,22 @@ def test_amp_auto_picks_bf16_only_where_the_gpu_computes_in_it(capability, expec
         torch.cuda, "get_device_capability", lambda d: asked.append(d) or capability
     )
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    assert eng.autocast_dtype("auto", "cuda:1") is expected
+    assert training.autocast_dtype("auto", "cuda:1") is expected
     assert asked == [torch.device("cuda:1")]  # the training device, not the current one
-    assert eng.autocast_dtype("fastest", "cuda:1") is None  # float32 (TF32): multi30k's start
-    assert eng.autocast_dtype("auto", "cpu") is None
+    assert training.autocast_dtype("fastest", "cuda:1") is None  # float32 (TF32): multi30k's start
+    assert training.autocast_dtype("auto", "cpu") is None
 
 
 def test_tf32_is_set_through_fp32_precision_only_while_training_and_restored():
     matmul = torch.backends.cuda.matmul
     before = matmul.fp32_precision
-    with eng.tf32_matmuls("cuda"):
+    with training.tf32_matmuls("cuda"):
         assert matmul.fp32_precision == "tf32"
     assert matmul.fp32_precision == before
-    with pytest.raises(RuntimeError), eng.tf32_matmuls("cuda:0"):
+    with pytest.raises(RuntimeError), training.tf32_matmuls("cuda:0"):
         raise RuntimeError  # restored after an error too
     assert matmul.fp32_precision == before
-    with eng.tf32_matmuls("cpu"):
+    with training.tf32_matmuls("cpu"):
         assert matmul.fp32_precision == before
     source = pathlib.Path(at.__file__).read_text()
     assert "allow_tf32" not in source  # the deprecated switch, process-wide and never restored
@@ -763,17 +772,17 @@ def test_tf32_is_set_through_fp32_precision_only_while_training_and_restored():
 
 def test_the_schedule_does_not_advance_when_the_fp16_scaler_skips_an_update():
     config = dataclasses.replace(TINY, vocab_size=40)
-    run = eng.RunState.new(config, 40, "cpu", torch.float16)
+    run = training.RunState.new(config, 40, "cpu", torch.float16)
     d_model, factor, warmup = config.model.d_model, config.lr_factor, config.warmup_steps
     before = parameters(run.model)
     run.scaler = torch.amp.GradScaler("cpu", init_scale=1e38)  # the scaled loss overflows
-    eng.train_step_amp(run.model, tiny_batch(), run.optimizer, run.scheduler, run.scaler, 0.1,
+    training.train_step_amp(run.model, tiny_batch(), run.optimizer, run.scheduler, run.scaler, 0.1,
                   amp=torch.float16)  # fmt: skip
     assert all(torch.equal(a, b) for a, b in zip(parameters(run.model), before))  # skipped
     assert run.scheduler.last_epoch == 0
     assert run.optimizer.param_groups[0]["lr"] == at.rate(1, d_model, factor, warmup)
     run.scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
-    eng.train_step_amp(run.model, tiny_batch(), run.optimizer, run.scheduler, run.scaler, 0.1,
+    training.train_step_amp(run.model, tiny_batch(), run.optimizer, run.scheduler, run.scaler, 0.1,
                   amp=torch.float16)  # fmt: skip
     assert not all(torch.equal(a, b) for a, b in zip(parameters(run.model), before))  # made
     assert run.scheduler.last_epoch == 1
@@ -783,47 +792,47 @@ def test_the_schedule_does_not_advance_when_the_fp16_scaler_skips_an_update():
 def test_a_resume_in_another_precision_is_refused_and_fastest_keeps_the_saved_one(
     tmp_path, monkeypatch
 ):
-    monkeypatch.setattr(eng, "race_precisions", lambda *args: torch.bfloat16)
+    monkeypatch.setattr(training, "race_precisions", lambda *args: torch.bfloat16)
     fastest = dataclasses.replace(TINY, amp="fastest")
-    eng.train(fastest, toy_pairs(), tmp_path, log=quiet)
+    training.train(fastest, toy_pairs(), tmp_path, log=quiet)
     checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert checkpoint["precision"] == "bfloat16"
     more = dataclasses.replace(fastest, max_steps=8)
     with pytest.raises(ValueError, match=r"amp: 'fastest' -> 'off'.*precision: 'bfloat16' -> 'fl"):
-        eng.train(dataclasses.replace(more, amp="off"), toy_pairs(), tmp_path, resume=True,
+        training.train(dataclasses.replace(more, amp="off"), toy_pairs(), tmp_path, resume=True,
                   log=quiet)  # fmt: skip
 
     def never(*args):
         raise AssertionError("a resumed run must not measure again")
 
-    monkeypatch.setattr(eng, "race_precisions", never)
+    monkeypatch.setattr(training, "race_precisions", never)
     messages = []
-    _, _, history = eng.train(more, toy_pairs(), tmp_path, resume=True, log=messages.append)
+    _, _, history = training.train(more, toy_pairs(), tmp_path, resume=True, log=messages.append)
     assert "amp fastest: bfloat16 (the checkpoint)" in messages and len(history) == 8
 
 
 @pytest.mark.parametrize("slower", [None, torch.bfloat16])
 def test_fastest_keeps_the_precision_whose_steps_take_less_time(slower, tmp_path, monkeypatch):
     clock = [0.0]
-    monkeypatch.setattr(eng.time, "perf_counter", lambda: clock[0])
-    original = eng.train_step_amp
+    monkeypatch.setattr(training.time, "perf_counter", lambda: clock[0])
+    original = training.train_step_amp
 
     def timed(*args, amp=None, **kwargs):
         clock[0] += 2.0 if amp is slower else 1.0
         return original(*args, amp=amp, **kwargs)
 
-    monkeypatch.setattr(eng, "train_step_amp", timed)
-    monkeypatch.setattr(eng, "native_bf16", lambda device: True)
+    monkeypatch.setattr(training, "train_step_amp", timed)
+    monkeypatch.setattr(training, "native_bf16", lambda device: True)
     pairs = toy_pairs()
     tokenizer = at.train_bpe(pairs, TINY.vocab_size)
     corpus = at.EncodedCorpus.from_pairs(pairs, tokenizer)
     state = torch.get_rng_state()
-    faster = eng.race_precisions(TINY, corpus, tokenizer.get_vocab_size())
+    faster = training.race_precisions(TINY, corpus, tokenizer.get_vocab_size())
     assert faster is (torch.bfloat16 if slower is None else None)
     assert torch.equal(torch.get_rng_state(), state)  # the run's initial weights are unchanged
-    monkeypatch.setattr(eng, "native_bf16", lambda device: False)  # emulated: float32, untimed
+    monkeypatch.setattr(training, "native_bf16", lambda device: False)  # emulated: float32, untimed
     clock[0] = 0.0
-    assert eng.race_precisions(TINY, corpus, tokenizer.get_vocab_size()) is None
+    assert training.race_precisions(TINY, corpus, tokenizer.get_vocab_size()) is None
     assert clock[0] == 0.0
 
 
@@ -838,25 +847,25 @@ def test_a_batch_cut_from_the_encoded_corpus_equals_one_padded_from_lists():
         for name in ("src", "tgt_in", "tgt_y", "src_mask", "tgt_mask"):
             assert torch.equal(getattr(fast, name), getattr(slow, name)), name
         assert fast.ntokens == slow.ntokens
-        bucketed = eng.cut_batch(corpus, indices, 8)
+        bucketed = training.cut_batch(corpus, indices, 8)
         assert bucketed.src.size(1) % 8 == 0 and bucketed.tgt_in.size(1) % 8 == 0
         assert bucketed.ntokens == slow.ntokens
 
 
 def test_the_loss_is_read_from_the_device_only_every_log_every_steps(tmp_path, monkeypatch):
     reads = []
-    original = eng.record_losses
+    original = training.record_losses
 
     def counting(state, pending, world):
         reads.append(len(state.history) + len(pending))  # the step a read reaches
         original(state, pending, world)
 
-    monkeypatch.setattr(eng, "record_losses", counting)
+    monkeypatch.setattr(training, "record_losses", counting)
     pairs = toy_pairs(400)  # about 20 batches an epoch
     config = dataclasses.replace(TINY, max_steps=23, checkpoint_every=23, log_every=5)
-    _, tokenizer, history = eng.train(config, pairs, tmp_path, log=quiet)
+    _, tokenizer, history = training.train(config, pairs, tmp_path, log=quiet)
     corpus = at.EncodedCorpus.from_pairs(pairs, tokenizer)
-    per_epoch = len(eng.epoch_updates(corpus, config, epoch=0))
+    per_epoch = len(training.epoch_updates(corpus, config, epoch=0))
     assert per_epoch < 23
     # every 5 steps, at the end, and at the end of an epoch (once per pass over the data)
     assert reads == sorted({5, 10, 15, 20, 23, per_epoch}), reads
@@ -865,7 +874,7 @@ def test_the_loss_is_read_from_the_device_only_every_log_every_steps(tmp_path, m
 
 def test_validation_during_training_is_logged_and_stored_with_snapshots(tmp_path):
     config = dataclasses.replace(TINY, max_steps=6, eval_every=3, bleu_sentences=10)
-    eng.train(config, toy_pairs(), tmp_path, val_pairs=toy_pairs(20, seed=5), log=quiet)
+    training.train(config, toy_pairs(), tmp_path, val_pairs=toy_pairs(20, seed=5), log=quiet)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert [v["step"] for v in metrics["validation"]] == [3, 6]
     for entry in metrics["validation"]:
@@ -883,8 +892,8 @@ def test_validation_during_training_is_logged_and_stored_with_snapshots(tmp_path
 
 def test_a_given_tokenizer_is_used_and_not_retrained(tmp_path, monkeypatch):
     tokenizer = at.train_bpe(toy_pairs(), 200)
-    monkeypatch.setattr(eng, "train_bpe", lambda *a, **k: pytest.fail("retrained the BPE"))
-    _, used, _ = eng.train(TINY, toy_pairs(), tmp_path, tokenizer=tokenizer, log=quiet)
+    monkeypatch.setattr(training, "train_bpe", lambda *a, **k: pytest.fail("retrained the BPE"))
+    _, used, _ = training.train(TINY, toy_pairs(), tmp_path, tokenizer=tokenizer, log=quiet)
     assert used is tokenizer
     assert at.load_tokenizer(tmp_path / "tokenizer.json").to_str() == tokenizer.to_str()
 
@@ -897,41 +906,43 @@ def test_a_second_process_cannot_train_into_a_busy_folder(tmp_path):
     try:
         (tmp_path / ".lock").write_text(f"{socket.gethostname()} {sleeper.pid}\n")
         with pytest.raises(FileExistsError, match="is in use by process"):
-            eng.train(TINY, toy_pairs(), tmp_path, log=quiet)
+            training.train(TINY, toy_pairs(), tmp_path, log=quiet)
     finally:
         sleeper.kill()
         sleeper.wait()
     # the holder is dead now: its lock is stale and the folder is taken over
-    eng.train(TINY, toy_pairs(), tmp_path, log=quiet)
+    training.train(TINY, toy_pairs(), tmp_path, log=quiet)
     assert not (tmp_path / ".lock").exists()  # released at the end
 
 
 def test_stale_temporary_files_of_a_killed_save_are_removed_at_the_next_start(tmp_path):
-    eng.train(TINY, toy_pairs(), tmp_path, log=quiet)
+    training.train(TINY, toy_pairs(), tmp_path, log=quiet)
     (tmp_path / "checkpoint.ptabc123.tmp").write_bytes(b"half a checkpoint")
-    eng.train(dataclasses.replace(TINY, max_steps=7), toy_pairs(), tmp_path, resume=True, log=quiet)
+    training.train(
+        dataclasses.replace(TINY, max_steps=7), toy_pairs(), tmp_path, resume=True, log=quiet
+    )
     assert not list(tmp_path.glob("*.tmp"))
 
 
 def test_a_missing_gpu_is_reported_before_any_work(tmp_path, monkeypatch):
     monkeypatch.setattr(at.torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(eng, "train_bpe", lambda *a, **k: pytest.fail("work was done first"))
+    monkeypatch.setattr(training, "train_bpe", lambda *a, **k: pytest.fail("work was done first"))
     with pytest.raises(ValueError, match="sees no GPU"):
-        eng.train(TINY, toy_pairs(), tmp_path, device="cuda", log=quiet)
+        training.train(TINY, toy_pairs(), tmp_path, device="cuda", log=quiet)
     with pytest.raises(ValueError, match="is not a device"):
-        eng.train(TINY, toy_pairs(), tmp_path, device="gpu0", log=quiet)
+        training.train(TINY, toy_pairs(), tmp_path, device="gpu0", log=quiet)
 
 
 @pytest.mark.parametrize("content", [b"", b"garbage, not a checkpoint", b"PK\x03\x04broken zip"])
 def test_a_damaged_checkpoint_is_reported_with_its_path(tmp_path, content):
-    eng.train(TINY, toy_pairs(), tmp_path, log=quiet)
+    training.train(TINY, toy_pairs(), tmp_path, log=quiet)
     path = tmp_path / "checkpoint.pt"
     path.write_bytes(content)
     message = f"{path} cannot be read as a checkpoint .*not a checkpoint written by train"
     with pytest.raises(ValueError, match=message):
         at.read_checkpoint(path)
     with pytest.raises(ValueError, match=message):
-        eng.train(dataclasses.replace(TINY, max_steps=9), toy_pairs(), tmp_path, resume=True,
+        training.train(dataclasses.replace(TINY, max_steps=9), toy_pairs(), tmp_path, resume=True,
                  log=quiet)  # fmt: skip
 
 
@@ -944,7 +955,7 @@ def test_a_foreign_file_is_reported_as_not_a_checkpoint(tmp_path):
 
 def test_training_on_no_pairs_is_refused(tmp_path):
     with pytest.raises(ValueError, match="train_pairs is empty"):
-        eng.train(TINY, [], tmp_path, log=quiet)
+        training.train(TINY, [], tmp_path, log=quiet)
     assert not any(tmp_path.iterdir())
 
 
@@ -952,16 +963,19 @@ def test_an_empty_out_dir_is_refused_before_anything_is_written(tmp_path, monkey
     monkeypatch.chdir(tmp_path)  # an empty path would otherwise mean the working directory
     for empty in ("", "  ", ".", pathlib.Path("")):
         with pytest.raises(ValueError, match="is the working directory: pass a folder"):
-            eng.train(TINY, toy_pairs(), empty, log=quiet)
+            training.train(TINY, toy_pairs(), empty, log=quiet)
     assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda: eng.apply_changes(TINY, {"heads": 4}), "unknown field 'heads'"),
-        (lambda: eng.autocast_dtype("fp32", "cpu"), "amp must be one of auto, bf16, fp16, off"),
-        (lambda: eng.check_device("gpu0"), "device='gpu0': it is not a device"),
+        (lambda: training.apply_changes(TINY, {"heads": 4}), "unknown field 'heads'"),
+        (
+            lambda: training.autocast_dtype("fp32", "cpu"),
+            "amp must be one of auto, bf16, fp16, off",
+        ),
+        (lambda: training.check_device("gpu0"), "device='gpu0': it is not a device"),
     ],
 )
 def test_public_functions_refuse_bad_arguments_naming_them(call, message):
@@ -973,7 +987,7 @@ def test_public_functions_refuse_bad_arguments_naming_them(call, message):
 
 
 def test_the_plain_fit_and_the_full_train_give_the_same_parameters(tmp_path):
-    # chapter 5's fit and the engineering page's train, same pairs, vocabulary, seed and
+    # chapter 5's fit and the training-runs page's train, same pairs, vocabulary, seed and
     # steps (crossing an epoch boundary, with dropout and checkpoints on the way): equal bit
     # for bit, because train adds only copies (logs, checkpoints) around the same updates
     pairs = toy_pairs(200)
@@ -982,7 +996,7 @@ def test_the_plain_fit_and_the_full_train_give_the_same_parameters(tmp_path):
     corpus = at.EncodedCorpus.from_pairs(pairs, tokenizer)
     assert len(at.batch_by_tokens(corpus.lengths, config.max_tokens)) < 15
     plain, losses = at.fit(config, corpus, tokenizer.get_vocab_size())
-    full, _, history = eng.train(config, pairs, tmp_path, tokenizer=tokenizer, log=quiet)
+    full, _, history = training.train(config, pairs, tmp_path, tokenizer=tokenizer, log=quiet)
     assert all(torch.equal(a, b) for a, b in zip(parameters(plain), parameters(full)))
     assert [round(loss, 5) for loss in losses] == [h["loss"] for h in history]
 
@@ -993,17 +1007,19 @@ def test_native_bf16_on_this_cpu_follows_its_instruction_flags():
     for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("flags"):
             flags |= set(line.split(":", 1)[1].split())
-    assert eng.native_bf16("cpu") == bool({"avx512_bf16", "amx_tile"} & flags)
+    assert training.native_bf16("cpu") == bool({"avx512_bf16", "amx_tile"} & flags)
 
 
 def test_train_with_cuda_graphs_runs_its_step_eagerly_on_a_cpu_as_the_plain_loop(tmp_path):
     # the same updates through the capturable step (bucketed batches with filler rows, fused
     # AdamW, Eq. (3) on the device) as through train_step; dropout off, as padding would
     # change which random numbers a row draws
-    config = dataclasses.replace(eng.apply_changes(TINY, {"dropout": 0.0}), max_steps=6)
-    plain, _, plain_history = eng.train(config, toy_pairs(), tmp_path / "plain", log=quiet)
+    config = dataclasses.replace(training.apply_changes(TINY, {"dropout": 0.0}), max_steps=6)
+    plain, _, plain_history = training.train(config, toy_pairs(), tmp_path / "plain", log=quiet)
     graphs = dataclasses.replace(config, cuda_graphs=True)
-    graphed, _, graphed_history = eng.train(graphs, toy_pairs(), tmp_path / "graphed", log=quiet)
+    graphed, _, graphed_history = training.train(
+        graphs, toy_pairs(), tmp_path / "graphed", log=quiet
+    )
     for (name, a), b in zip(plain.state_dict().items(), graphed.state_dict().values()):
         assert torch.allclose(a, b, atol=1e-5), name
     for a, b in zip(plain_history, graphed_history):
@@ -1011,17 +1027,17 @@ def test_train_with_cuda_graphs_runs_its_step_eagerly_on_a_cpu_as_the_plain_loop
         assert a["lr"] == pytest.approx(b["lr"], rel=1e-12) and a["tokens"] == b["tokens"]
     more = dataclasses.replace(graphs, max_steps=8)
     with pytest.raises(ValueError, match="steps as CUDA graphs: True -> False"):
-        eng.train(dataclasses.replace(more, cuda_graphs=False), toy_pairs(),
+        training.train(dataclasses.replace(more, cuda_graphs=False), toy_pairs(),
                   tmp_path / "graphed", resume=True, log=quiet)  # fmt: skip
-    _, _, history = eng.train(more, toy_pairs(), tmp_path / "graphed", resume=True, log=quiet)
+    _, _, history = training.train(more, toy_pairs(), tmp_path / "graphed", resume=True, log=quiet)
     assert [h["step"] for h in history] == list(range(1, 9))
     with pytest.raises(ValueError, match="drop compile"):
         compiled = dataclasses.replace(graphs, compile="inductor")
-        eng.train(compiled, toy_pairs(), tmp_path / "c", log=quiet)
+        training.train(compiled, toy_pairs(), tmp_path / "c", log=quiet)
 
 
 def test_the_machine_description_names_the_instruction_sets_that_decide_cpu_speed():
-    description = eng.hardware_description()
+    description = training.hardware_description()
     threads = torch.get_num_threads()
     assert f"{threads} thread" in description and torch.__version__ in description
     # independently of /proc/cpuinfo: torch's own view of the processor

@@ -13,8 +13,8 @@ import sacrebleu
 import torch
 
 import annotated_transformer as at
-import engineering_runs as eng
 import fast_decoding as fd
+import script_helpers as helpers
 import translate
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -41,7 +41,7 @@ def translator():
 def val():
     """Eight Multi30k validation pairs, their beam-4 translations by the module, and (for
     --greedy) the greedy ones."""
-    pairs = eng.load_multi30k("val")[:8]
+    pairs = helpers.load_multi30k("val")[:8]
     sources = [s for s, _ in pairs]
     model, tokenizer = at.load_checkpoint(SHIPPED)
     return {

@@ -21,10 +21,9 @@ import urllib.parse
 import pytest
 
 import annotated_transformer as at
-import cli
-import engineering_runs as eng
 import export_onnx
 import headless
+import script_helpers as helpers
 
 HTML = export_onnx.ROOT / "_build" / "html"
 PAGE = HTML / "chapters" / "try_translator.html"
@@ -124,9 +123,9 @@ def open_page(chromium, port, sentence, width):
 @pytest.fixture(scope="module")
 def sentences():
     """Three validation sentences and their translations by the module (beam 4, α = 0.6)."""
-    pairs = eng.load_multi30k("val")
+    pairs = helpers.load_multi30k("val")
     chosen = [pairs[i][0] for i in (1, 2, 6)]
-    model, tokenizer = at.load_checkpoint(cli.SHIPPED_TRANSLATOR)
+    model, tokenizer = at.load_checkpoint(helpers.SHIPPED_TRANSLATOR)
     return dict(zip(chosen, at.translate(model, tokenizer, chosen, beam_size=4)))
 
 

@@ -5,9 +5,9 @@ another)."""
 import torch
 
 import annotated_transformer as at
-import engineering_runs as eng
+import training_runs as training
 
-TINY = eng.PROFILES["tiny"]
+TINY = training.PROFILES["tiny"]
 WORDS = "a man woman dog runs sits on the red blue big small ball street grass".split()
 
 

@@ -1,24 +1,20 @@
-"""Engineering: runs that survive (ours): the code of chapters/engineering_runs.ipynb.
+"""Training runs that survive (ours): the code of chapters/training_runs.ipynb.
 
 GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
-`#| export` in chapters/engineering_runs.ipynb; change the page, then run `python code/export.py`.
+`#| export` in chapters/training_runs.ipynb; change the page, then run `python code/export.py`.
 """
 
 import contextlib
 import copy
 import dataclasses
-import hashlib
 import itertools
-import json
 import math
 import os
 import pathlib
 import platform
 import socket
-import tempfile
 import time
 import typing
-import urllib.request
 import warnings
 from dataclasses import dataclass, field, replace
 
@@ -31,6 +27,7 @@ from tqdm import tqdm
 
 from annotated_transformer import (
     BASE,
+    CHECKPOINT_FORMAT,
     SMALL,
     Batch,
     EncodedCorpus,
@@ -39,128 +36,25 @@ from annotated_transformer import (
     TrainConfig,
     batch_by_tokens,
     build_model,
+    check_device,
     forward_loss,
     load_tokenizer,
     make_optimizer,
     numeric,
     rate,
     read_checkpoint,
-    read_multi30k,
+    save_checkpoint,
     train_bpe,
     translate,
     validation_loss,
 )
 from cuda_graphs import GraphedTrainStep, bucketed_batch, bucketed_ids, make_capturable_optimizer
 from fast_decoding import fast_decode_batch
+from safe_files import atomic_file, write_json
 
 # --------------------------------------------------------------------------------------
-# Engineering: runs that survive (ours), from chapters/engineering_runs.ipynb
+# Training runs that survive (ours), from chapters/training_runs.ipynb
 # --------------------------------------------------------------------------------------
-
-MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
-# SHA-256 of the gzip files as published; a download or local copy that differs is refused
-MULTI30K_SHA256 = {
-    "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
-    "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
-    "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
-    "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
-    "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
-    "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
-}
-
-
-class DatasetError(RuntimeError):
-    """A data file is missing, corrupt or cannot be downloaded; the message says what to do."""
-
-
-def sha256_of(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def default_cache_dir():
-    """Where downloads go: $XDG_CACHE_HOME (or ~/.cache)/annotated-transformer/multi30k."""
-    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
-    return pathlib.Path(base) / "annotated-transformer" / "multi30k"
-
-
-@contextlib.contextmanager
-def atomic_file(path, mode="w"):
-    """Open a temporary file beside `path` (mode "w": UTF-8 text, "wb": bytes) and rename it
-    onto `path` once the block has ended without an error, synced to disk: a reader finds
-    the old file or the whole new one, never half of one. After an error, nothing is kept."""
-    path = pathlib.Path(path)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    text = {} if "b" in mode else {"encoding": "utf-8", "newline": "\n"}
-    try:
-        with os.fdopen(handle, mode, **text) as file:
-            yield file
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
-    finally:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-
-
-def download(url, path, sha256):
-    """Fetch url to path, verified: the bytes go to a temporary file in the same folder,
-    renamed into place only once their checksum matches; nothing else is left behind."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response, atomic_file(path, "wb") as file:
-            digest = hashlib.sha256()
-            for block in iter(lambda: response.read(1 << 20), b""):
-                digest.update(block)
-                file.write(block)
-            if digest.hexdigest() != sha256:  # raised inside the block: nothing is kept
-                raise DatasetError(f"its SHA-256 is not {sha256}")
-    except (OSError, DatasetError) as error:  # urllib's URLError is an OSError
-        raise DatasetError(
-            f"could not download {url} ({error}); nothing was kept. Try again, or point "
-            f"the loader at a verified local copy: set MULTI30K_DIR or pass data_dir"
-        ) from error
-    return path
-
-
-def multi30k_file(filename, data_dir=None, base_url=MULTI30K_URL):
-    """The verified path of one Multi30k file: from data_dir (or $MULTI30K_DIR) when given,
-    otherwise from the cache, downloading it there first if needed."""
-    expected = MULTI30K_SHA256[filename]
-    local = data_dir or os.environ.get("MULTI30K_DIR")
-    if not local:
-        path = default_cache_dir() / filename
-        if path.is_file() and sha256_of(path) == expected:
-            return path
-        return download(base_url + filename, path, expected)
-    path = pathlib.Path(local) / filename
-    problem = "does not exist" if not path.is_file() else None
-    if problem is None and sha256_of(path) != expected:
-        problem = "has the wrong SHA-256: it is corrupt or not the published file"
-    if problem:
-        raise DatasetError(
-            f"{path} {problem}; the local Multi30k copy (data_dir or MULTI30K_DIR={local}) "
-            f"must hold {filename} with SHA-256 {expected}: download it from {base_url}{filename}"
-        )
-    return path
-
-
-def multi30k_folder(data_dir=None, base_url=MULTI30K_URL):
-    """A folder in which all six Multi30k files are verified against their SHA-256: data_dir
-    (or $MULTI30K_DIR) when given, otherwise the cache, where what is missing is downloaded.
-    Chapter 5's read_multi30k reads a split from it."""
-    paths = [multi30k_file(name, data_dir, base_url) for name in MULTI30K_SHA256]
-    return paths[0].parent
-
-
-def load_multi30k(split, src_lang="de", tgt_lang="en", data_dir=None, base_url=MULTI30K_URL):
-    """The pairs of one split in one call, as the scripts take them: chapter 5's
-    read_multi30k on the verified folder of multi30k_folder."""
-    return read_multi30k(multi30k_folder(data_dir, base_url), split, src_lang, tgt_lang)
-
 
 AMP_CHOICES = ("auto", "bf16", "fp16", "off", "fastest")
 PRECISIONS = {None: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -218,19 +112,6 @@ def race_precisions(config, corpus, vocab, steps=3):
                 train_step_amp(run.model, batch, *args, amp=amp).tolist()
             seconds[amp] = time.perf_counter() - started
     return min(seconds, key=seconds.get)
-
-
-def check_device(device):
-    """Refuse a device this machine lacks before any work is done."""
-    try:
-        problem = None
-        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-            problem = "this PyTorch sees no GPU (torch.cuda.is_available() is False); train "
-            problem += "on device='cpu' or install a CUDA build of PyTorch"
-    except RuntimeError:
-        problem = "it is not a device: use cpu, cuda or cuda:N"
-    if problem:
-        raise InputError(f"device={device!r}: {problem}")
 
 
 def cpu_model():
@@ -324,21 +205,6 @@ def cut_batch(corpus, indices, multiple_of=1, rows=None):
         cut = table.narrow(1, 0, min(longest, table.size(1)))[rows]
         sides.append(F.pad(cut, (0, longest - cut.size(1)), value=corpus.pad_id))
     return Batch.from_tensors(*sides, corpus.target_tokens(indices), corpus.pad_id)
-
-
-CHECKPOINT_FORMAT = 3  # checkpoints record it; another format is refused on resume
-
-
-def save_checkpoint(path, payload):
-    """torch.save, atomically (atomic_file)."""
-    with atomic_file(path, "wb") as file:
-        torch.save(payload, file)
-
-
-def write_json(path, data):
-    """JSON written as atomically as a checkpoint (a reader never sees half a file)."""
-    with atomic_file(path) as file:
-        file.write(json.dumps(data, indent=1) + "\n")
 
 
 def snapshot_paths(out_dir):
@@ -774,7 +640,6 @@ def save_progress(state, context):
     if context.rank == 0:
         out, config, latest = context.out, context.config, state.validation[-1:]
         weights = {
-            "format": CHECKPOINT_FORMAT,
             "config": config.defining_fields(),
             "precision": PRECISIONS[context.amp],
             "cuda_graphs": context.cuda_graphs,

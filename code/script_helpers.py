@@ -21,7 +21,7 @@ import docstring_parser
 import torch
 
 import annotated_transformer as at
-import engineering_runs as eng
+import safe_files
 
 # the book's translator, shipped with it: the scripts' default checkpoint
 SHIPPED_TRANSLATOR = pathlib.Path(__file__).resolve().parent.parent / "results/multi30k/averaged.pt"
@@ -96,7 +96,7 @@ def given_path(text):
 
 def device(text):
     try:
-        eng.check_device(text)
+        at.check_device(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return text
@@ -135,9 +135,9 @@ def own_folder(out, run):
 
 def users_to_fix(error):
     """Whether `error` is the user's to fix from what they typed or pointed at: a bad value
-    (at.InputError), missing or damaged data (eng.DatasetError), or a file-system error on
+    (at.InputError), missing or damaged data (safe_files.DatasetError), or a file-system error on
     a path or a disk. Any other error is a bug, and keeps its traceback."""
-    return isinstance(error, (at.InputError, eng.DatasetError, *PATH_ERRORS)) or (
+    return isinstance(error, (at.InputError, safe_files.DatasetError, *PATH_ERRORS)) or (
         isinstance(error, OSError) and (error.filename is not None or error.errno in DISK_ERRNOS)
     )
 
@@ -186,11 +186,20 @@ def field_type(cls, name):
     return options[0] if options else hint
 
 
+def run_config_classes():
+    """(RunConfig, ModelConfig): the training-runs page's recipe and the paper's model. Looked
+    up when a script asks for its flags, so that a script that trains nothing (translate.py)
+    never loads the training stack by importing these helpers."""
+    import training_runs
+
+    return training_runs.RunConfig, at.ModelConfig
+
+
 def config_fields(classes=None):
     """(field name, dataclass) for every field of the classes (default: RunConfig and
     ModelConfig, looked up when called), except the fields that hold another of them
     (RunConfig.model); a name in two classes would be one flag for both."""
-    classes = classes or (eng.RunConfig, at.ModelConfig)
+    classes = classes or run_config_classes()
     found = [
         (f.name, cls)
         for cls in classes
@@ -207,7 +216,7 @@ def config_fields(classes=None):
 def add_config_flags(parser, classes=None):
     """One flag per config field (--d-model for d_model), its help from the class docstring,
     default None (= keep the profile's value); booleans as --pre-norm / --no-pre-norm."""
-    classes = classes or (eng.RunConfig, at.ModelConfig)
+    classes = classes or run_config_classes()
     group = parser.add_argument_group(
         "recipe and model (each overrides the profile; names as in "
         + " and ".join(cls.__name__ for cls in classes)
@@ -237,7 +246,9 @@ def given_changes(args, classes=None):
 def command_for(config, profile="quick"):
     """The train.py command that turns the profile into `config` (a RunConfig): one flag
     for each field that differs from the profile's."""
-    base, flags = eng.PROFILES[profile], [f"--profile {profile}"]
+    import training_runs  # looked up here, as in run_config_classes
+
+    base, flags = training_runs.PROFILES[profile], [f"--profile {profile}"]
     for name, cls in config_fields():
         owner, base_owner = (config.model, base.model) if cls is at.ModelConfig else (config, base)
         value = getattr(owner, name)
@@ -276,6 +287,12 @@ def log_to(path, echo=print):
         yield log
 
 
+def load_multi30k(split, data_dir=None):
+    """The (German, English) pairs of one Multi30k split, as the scripts take them: chapter 5's
+    read_multi30k on the folder that safe_files.multi30k_folder has verified."""
+    return at.read_multi30k(safe_files.multi30k_folder(data_dir), split)
+
+
 def read_csv(path):
     """A CSV table's rows as dicts of strings; [] when there is no file yet."""
     path = pathlib.Path(path)
@@ -286,8 +303,8 @@ def read_csv(path):
 
 
 def write_atomically(path, text):
-    """Write `text` to `path` atomically (engineering_runs.atomic_file)."""
-    with eng.atomic_file(path) as file:
+    """Write `text` to `path` atomically (safe_files.atomic_file)."""
+    with safe_files.atomic_file(path) as file:
         file.write(text)
 
 
