@@ -18,9 +18,7 @@ import typing
 import warnings
 from dataclasses import dataclass, field, replace
 
-import sacrebleu
 import torch
-import torch.nn.functional as F
 from tokenizers import Tokenizer
 from torch import nn
 from tqdm import tqdm
@@ -29,7 +27,6 @@ from annotated_transformer import (
     BASE,
     CHECKPOINT_FORMAT,
     SMALL,
-    Batch,
     EncodedCorpus,
     InputError,
     ModelConfig,
@@ -37,6 +34,7 @@ from annotated_transformer import (
     batch_by_tokens,
     build_model,
     check_device,
+    evaluate_bleu,
     forward_loss,
     load_tokenizer,
     make_optimizer,
@@ -45,10 +43,15 @@ from annotated_transformer import (
     read_checkpoint,
     save_checkpoint,
     train_bpe,
-    translate,
     validation_loss,
 )
-from cuda_graphs import GraphedTrainStep, bucketed_batch, bucketed_ids, make_capturable_optimizer
+from cuda_graphs import (
+    BUCKETS,
+    GraphedTrainStep,
+    bucketed_batch,
+    bucketed_ids,
+    make_capturable_optimizer,
+)
 from fast_decoding import fast_decode_batch
 from safe_files import atomic_file, write_json
 
@@ -190,21 +193,6 @@ def corpus_on(corpus, device):
     moved = copy.copy(corpus)
     moved.src, moved.tgt = corpus.src.to(device), corpus.tgt.to(device)
     return moved
-
-
-def cut_batch(corpus, indices, multiple_of=1, rows=None):
-    """corpus.batch(indices), its lengths rounded up to a multiple of `multiple_of` (fewer
-    shapes for torch.compile). rows: the indices, already a tensor on the tables' device;
-    given, the batch is cut without a copy from the host."""
-    if rows is None:
-        rows = torch.tensor(indices, device=corpus.src.device)
-    sides = []
-    for side, table in enumerate((corpus.src, corpus.tgt)):
-        longest = max(corpus.lengths[i][side] for i in indices) - side  # tgt: minus <s>/</s>
-        longest = -(-longest // multiple_of) * multiple_of + side
-        cut = table.narrow(1, 0, min(longest, table.size(1)))[rows]
-        sides.append(F.pad(cut, (0, longest - cut.size(1)), value=corpus.pad_id))
-    return Batch.from_tensors(*sides, corpus.target_tokens(indices), corpus.pad_id)
 
 
 def snapshot_paths(out_dir):
@@ -583,16 +571,16 @@ def restore_rng_state(states, rank, world, device):
 def validate(model, corpus, pairs, tokenizer):
     """The validation figures logged during training and stored with each snapshot: the
     loss over the whole corpus (its tables where the model is) and BLEU of greedy
-    translations of `pairs`, decoded on the fast path; the mode is restored."""
+    translations of `pairs` (6.1's evaluate_bleu), decoded on the fast path; the mode is
+    restored."""
     model = unwrap(model)
     training, loss = model.training, validation_loss(model, corpus)
-    sources = [src for src, _ in pairs]
-    hypotheses = translate(model, tokenizer, sources, beam_size=1, decode=fast_decode_batch)
+    bleu = evaluate_bleu(model, tokenizer, pairs, beam_size=1, decode=fast_decode_batch)
     model.train(training)
     return {
         "val_loss": round(loss, 4),
         "val_ppl": round(math.exp(loss), 2),
-        "val_bleu": round(sacrebleu.corpus_bleu(hypotheses, [[r for _, r in pairs]]).score, 2),
+        "val_bleu": bleu["bleu"],
         "bleu_sentences": len(pairs),
     }
 
@@ -752,11 +740,12 @@ def epoch_rows(updates, rank, device):
     return rows, [slice(end - len(indices), end) for end, indices in zip(ends, mine)]
 
 
-def train_epoch(state, context, model, bar, multiple_of=1, runner=None):
+def train_epoch(state, context, model, bar, buckets=(1,), runner=None):
     """The rest of the current epoch, or up to the run's end: max_steps, the step that
     plan_last_step fixed, or max_seconds.
     `model` is state.model, wrapped in DistributedDataParallel under several processes and
-    compiled when asked; runner: a GraphedTrainStep that makes the updates instead of
+    compiled when asked; buckets: what each batch's lengths and rows are rounded up to
+    (bucketed_batch); runner: a GraphedTrainStep that makes the updates instead of
     train_step_amp (one process). Returns whether the run has ended."""
     config, pending, started = context.config, [], time.perf_counter()
     every = [config.log_every, config.checkpoint_every] + [config.eval_every] * bool(context.val)
@@ -765,10 +754,7 @@ def train_epoch(state, context, model, bar, multiple_of=1, runner=None):
     for group, cut in zip(updates, cuts):
         ntokens = sum(context.corpus.target_tokens(indices) for indices in group)  # host lengths
         if runner is None:
-            if context.buckets:  # few shapes: cuDNN's attention and compile plan each once
-                batch = bucketed_batch(context.corpus, group[context.rank], rows=rows[cut])
-            else:
-                batch = cut_batch(context.corpus, group[context.rank], multiple_of, rows[cut])
+            batch = bucketed_batch(context.corpus, group[context.rank], buckets, rows[cut])
             lr = state.optimizer.param_groups[0]["lr"]
             optimizers = state.optimizer, state.scheduler, state.scaler
             share = ntokens / context.world
@@ -864,11 +850,13 @@ def train(
         compiled = config.compile != "off"
         if compiled:
             model = torch.compile(model, backend=config.compile)
+        # few shapes: cuDNN's attention and compile plan each once; on a CPU, exact batches
+        buckets = BUCKETS if context.buckets else (8,) if compiled else (1,)
         last = state.last_step or config.max_steps
         bar = tqdm(total=last, initial=state.step, unit="step", disable=not progress or rank)
         ended = state.step >= last
         while not ended:
-            ended = train_epoch(state, context, model, bar, 8 if compiled else 1, runner)
+            ended = train_epoch(state, context, model, bar, buckets, runner)
         bar.close()
     return state.model, tokenizer, state.history
 

@@ -19,6 +19,7 @@ import annotated_transformer as at
 import fast_decoding as fd
 import safe_files
 import training_runs as training
+from cuda_graphs import bucketed_batch
 from host_work import host_work
 from toy import TINY, quiet, toy_pairs
 
@@ -710,7 +711,7 @@ def test_a_training_step_and_the_batch_it_trains_on_do_no_host_work():
     rows = torch.tensor(indices, device="meta")  # train_epoch copies an epoch's rows at once
 
     def step():
-        batch = training.cut_batch(corpus, indices, rows=rows)
+        batch = bucketed_batch(corpus, indices, (1,), rows)  # the CPU's cut: exact
         return training.train_step_amp(
             run.model, batch, run.optimizer, run.scheduler, run.scaler, 0.1
         )
@@ -847,9 +848,12 @@ def test_a_batch_cut_from_the_encoded_corpus_equals_one_padded_from_lists():
         for name in ("src", "tgt_in", "tgt_y", "src_mask", "tgt_mask"):
             assert torch.equal(getattr(fast, name), getattr(slow, name)), name
         assert fast.ntokens == slow.ntokens
-        bucketed = training.cut_batch(corpus, indices, 8)
-        assert bucketed.src.size(1) % 8 == 0 and bucketed.tgt_in.size(1) % 8 == 0
-        assert bucketed.ntokens == slow.ntokens
+        exact = bucketed_batch(corpus, indices, (1,))  # the training loop's cut on a CPU
+        for name in ("src", "tgt_in", "tgt_y", "src_mask", "tgt_mask"):
+            assert torch.equal(getattr(exact, name), getattr(slow, name)), name
+        rounded = bucketed_batch(corpus, indices, (8,))  # compiled: multiples of 8
+        assert all(size % 8 == 0 for size in (*rounded.src.shape, rounded.tgt_in.size(1)))
+        assert rounded.ntokens == exact.ntokens == slow.ntokens
 
 
 def test_the_loss_is_read_from_the_device_only_every_log_every_steps(tmp_path, monkeypatch):
