@@ -351,7 +351,7 @@ def attention_lines(weights, tokens, query, title, heads=None, threshold=0.05):
     return fig
 
 
-def head_statistics(values, title, reference=None, reference_label="uniform", width=7.0):
+def head_heatmaps(values, title, reference=None, reference_label="uniform", width=7.0):
     """Per-head statistics as small heatmaps, one panel per statistic: values maps a
     statistic's name to an (N, h) array (layer by head), drawn with layers as rows and heads
     as columns, each cell annotated with its value and each panel with its own colour bar.
@@ -629,7 +629,7 @@ def sentence_attention(sentence, kind, layer, **options):
 
 
 def head_table_figure(table, columns, title, reference=None, reference_label="uniform"):
-    """head_statistics of a table with one row per head, indexed "layer.head" in order
+    """head_heatmaps of a table with one row per head, indexed "layer.head" in order
     (1.1, 1.2, ...), and a last row "uniform" (as attention_maps.head_table returns it):
     one panel per column. reference maps a column to its baseline; by default the uniform
     row's values."""
@@ -641,7 +641,7 @@ def head_table_figure(table, columns, title, reference=None, reference_label="un
     values = {column: heads[column].to_numpy().reshape(shape) for column in columns}
     if reference is None:
         reference = {column: table.loc["uniform", column] for column in columns}
-    return head_statistics(values, title, reference, reference_label)
+    return head_heatmaps(values, title, reference, reference_label)
 
 
 # Figures of chapters 5 and 6.1 ----------------------------------------------------------

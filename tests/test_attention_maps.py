@@ -269,7 +269,7 @@ def test_averaged_weights_are_labelled_apart_from_the_snapshot_of_their_last_ste
     assert labels == ["6", "average"]
 
 
-def test_head_statistics_draws_a_heatmap_with_colour_bar_per_statistic():
+def test_head_heatmaps_draws_a_heatmap_with_colour_bar_per_statistic():
     import numpy as np
 
     import plots
@@ -279,7 +279,7 @@ def test_head_statistics_draws_a_heatmap_with_colour_bar_per_statistic():
         "offset": np.array([[-1.5, 0.0, 0.5, 1.0], [-0.2, 0.2, 0.4, -0.4]]),
         "peak": np.full((2, 4), 0.5),
     }
-    fig = plots.head_statistics(values, "heads", reference={"self": 0.25, "peak": 0.1})
+    fig = plots.head_heatmaps(values, "heads", reference={"self": 0.25, "peak": 0.1})
     assert fig.get_size_inches()[0] <= 7.0  # the page's column
     panels = [ax for ax in fig.axes if ax.get_title()]
     assert [ax.get_title() for ax in panels] == [
@@ -301,7 +301,7 @@ def test_head_statistics_draws_a_heatmap_with_colour_bar_per_statistic():
     assert panels[0].images[0].get_clim() == (0.1, 0.8)
     assert panels[2].images[0].get_clim() == (0.1, 0.5)
     with pytest.raises(ValueError, match="peak: shape"):
-        plots.head_statistics(values | {"peak": np.zeros((3, 4))}, "heads")
+        plots.head_heatmaps(values | {"peak": np.zeros((3, 4))}, "heads")
 
 
 # ---- the tables and figures chapter 7 reads from the stored JSON ------------------------
