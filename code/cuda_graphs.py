@@ -48,7 +48,7 @@ def bucketed_ids(corpus, indices, buckets=BUCKETS, rows=None):
     a target of <s> alone, so that every query has a real key to attend to. rows: the
     indices as a tensor on the tables' device, when the caller has them there. The one cut
     of the training loop: buckets=(1,) rounds nothing (chapter 5's corpus.batch, exactly),
-    (8,) rounds every size up to a multiple of 8 (few shapes for torch.compile)."""
+    (8,) rounds every size up to a multiple of 8 (for torch.compile: no size of 1)."""
     if rows is None:
         rows = torch.tensor(indices, device=corpus.src.device)
     real, size = len(indices), bucket(len(indices), buckets)

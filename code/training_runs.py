@@ -289,7 +289,7 @@ class RunConfig(TrainConfig):
         cuda_graphs: replay each step as a CUDA graph: one process, uncompiled, not fp16
             (unset: wherever that holds on a GPU; set on a CPU, the same step runs eagerly)
         buckets: cut every batch to a few bucketed shapes (unset: on a GPU, where each new
-            shape costs cuDNN's attention a plan and compile a graph)
+            shape costs cuDNN's attention a plan)
     """
 
     anneal: float = 0.0
@@ -740,6 +740,19 @@ def epoch_rows(updates, rank, device):
     return rows, [slice(end - len(indices), end) for end, indices in zip(ends, mine)]
 
 
+DEVICE_WAITS = {"cuda": torch.cuda.synchronize}  # device type -> wait for its queued work
+
+
+def device_clock(device):
+    """time.perf_counter() once `device` has finished all the work queued on it. A GPU runs
+    behind the host that queues its kernels: a clock read without waiting counts the host's
+    time, not the training's. A CPU computes as it is asked, and needs no wait."""
+    wait = DEVICE_WAITS.get(torch.device(device).type)
+    if wait is not None:
+        wait(device)
+    return time.perf_counter()
+
+
 def train_epoch(state, context, model, bar, buckets=(1,), runner=None):
     """The rest of the current epoch, or up to the run's end: max_steps, the step that
     plan_last_step fixed, or max_seconds.
@@ -747,7 +760,7 @@ def train_epoch(state, context, model, bar, buckets=(1,), runner=None):
     compiled when asked; buckets: what each batch's lengths and rows are rounded up to
     (bucketed_batch); runner: a GraphedTrainStep that makes the updates instead of
     train_step_amp (one process). Returns whether the run has ended."""
-    config, pending, started = context.config, [], time.perf_counter()
+    config, pending, started = context.config, [], device_clock(context.device)
     every = [config.log_every, config.checkpoint_every] + [config.eval_every] * bool(context.val)
     updates = epoch_updates(context.corpus, config, state.epoch, context.world)[state.position :]
     rows, cuts = epoch_rows(updates, context.rank, context.device)
@@ -769,9 +782,7 @@ def train_epoch(state, context, model, bar, buckets=(1,), runner=None):
         bar.update()
         done = state.step == (state.last_step or config.max_steps)
         if done or any(state.step % n == 0 for n in every):
-            if torch.device(context.device).type == "cuda":  # the clock must count the work
-                torch.cuda.synchronize(context.device)  # still queued, not the host's alone
-            state.seconds += time.perf_counter() - started
+            state.seconds += device_clock(context.device) - started
             if time_to_plan(state, config):
                 plan_last_step(state, context)
                 bar.total = state.last_step
@@ -779,11 +790,11 @@ def train_epoch(state, context, model, bar, buckets=(1,), runner=None):
             done = state.step >= last or out_of_time(state, context)
             record_validate_save(state, context, pending, done)
             bar.set_postfix(loss=f"{state.history[-1]['loss']:.3f}")
-            started = time.perf_counter()  # validation and saving are not training time
+            started = device_clock(context.device)  # validation and saving are not training
         if done:
             return True
     if pending:
-        state.seconds += time.perf_counter() - started
+        state.seconds += device_clock(context.device) - started
         record_losses(state, pending, context.world)
     state.epoch, state.position = state.epoch + 1, 0
     return False
@@ -848,9 +859,10 @@ def train(
         runner = GraphedTrainStep(*step_parts) if cuda_graphs else None
         model = DistributedModel(state.model) if world > 1 else state.model
         compiled = config.compile != "off"
-        if compiled:
-            model = torch.compile(model, backend=config.compile)
-        # few shapes: cuDNN's attention and compile plan each once; on a CPU, exact batches
+        if compiled:  # dynamic: one graph for every batch shape, not one compile per shape
+            model = torch.compile(model, backend=config.compile, dynamic=True)
+        # few shapes: cuDNN's attention plans each once; compiled, no dimension is ever 1 (a
+        # size the compiler specialises, and compiles again for); on a CPU, exact batches
         buckets = BUCKETS if context.buckets else (8,) if compiled else (1,)
         last = state.last_step or config.max_steps
         bar = tqdm(total=last, initial=state.step, unit="step", disable=not progress or rank)

@@ -294,6 +294,43 @@ def test_a_time_budget_ends_the_run_at_the_last_checkpoint_its_pace_fits(
         dataclasses.replace(TINY, max_seconds=-1.0)
 
 
+@pytest.fixture
+def asynchronous_one_second_steps(monkeypatch):
+    """A device that runs behind the host, faked on the CPU: a step queues one second of
+    work and returns at once; the host's clock moves only when the run waits for the
+    device (DEVICE_WAITS), as torch.cuda.synchronize makes a GPU's host wait."""
+    clock, queued = [0.0], [0.0]
+    monkeypatch.setattr(training.time, "perf_counter", lambda: clock[0])
+    step = training.train_step_amp
+
+    def queue_one_second(*args, **kwargs):
+        queued[0] += 1.0
+        return step(*args, **kwargs)
+
+    def wait(device):
+        clock[0], queued[0] = clock[0] + queued[0], 0.0
+
+    monkeypatch.setattr(training, "train_step_amp", queue_one_second)
+    monkeypatch.setitem(training.DEVICE_WAITS, "cpu", wait)
+    return clock
+
+
+def test_a_budget_on_an_asynchronous_device_counts_the_work_not_the_queueing(
+    tmp_path, asynchronous_one_second_steps
+):
+    # the same run as with synchronous one-second steps: ends at step 9, 9 s spent; a clock
+    # read without waiting for the device would see 0 s and train all 30 steps
+    config = dataclasses.replace(TINY, max_steps=30, checkpoint_every=3, max_seconds=10.0)
+    _, _, history = training.train(config, toy_pairs(), tmp_path / "a", log=quiet)
+    checkpoint = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
+    assert len(history) == 9 and checkpoint["seconds"] == 9.0
+    # and the annealed plan: 3 warm-up steps at 1 s each put the last step at the budget's
+    annealed = dataclasses.replace(config, anneal=0.5, warmup_steps=3)
+    lines = []
+    training.train(annealed, toy_pairs(), tmp_path / "b", log=lines.append)
+    assert "step 3: the rate will reach 0 at step 9" in lines
+
+
 def test_out_of_time_asks_at_checkpoints_whether_the_next_one_would_pass_the_budget(tmp_path):
     from types import SimpleNamespace
 
