@@ -307,9 +307,13 @@ class InputError(ValueError):
     """A value given to the code is wrong; the message names it and says how to fix it."""
 
 
+def is_positive_int(value):
+    return type(value) is int and value > 0  # True is an int to Python, but no count
+
+
 def positive_int(name, value):
-    """value, if it is a positive integer (a bool is not); otherwise an InputError naming it."""
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+    """value, if it is a positive integer; otherwise an InputError naming it."""
+    if not is_positive_int(value):
         raise InputError(f"{name} must be a positive integer, got {value!r}")
     return value
 
@@ -547,9 +551,9 @@ SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]  # ids 0, 1, 2, 3 in this order
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
 
 
-def train_bpe(pairs, vocab_size=8000, path=None):
+def train_bpe(pairs, vocab_size=8000):
     """§5.1: one byte-pair encoding shared by source and target, learned from both sides of
-    the training pairs. Saved to `path` (JSON) when given. Same pairs, same vocabulary."""
+    the training pairs. Same pairs, same vocabulary."""
     if not isinstance(vocab_size, int) or vocab_size <= len(SPECIAL_TOKENS):
         raise InputError(
             f"vocab_size must be an integer > {len(SPECIAL_TOKENS)}, got {vocab_size!r}"
@@ -566,8 +570,6 @@ def train_bpe(pairs, vocab_size=8000, path=None):
         vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False
     )
     tokenizer.train_from_iterator((sentence for pair in pairs for sentence in pair), trainer)
-    if path is not None:
-        tokenizer.save(str(path))
     return tokenizer
 
 
@@ -705,7 +707,7 @@ class TrainConfig:
         """{field: (what it must be, a test)}; a subclass adds the rules of its own fields."""
 
         rules = {  # every integer field, a subclass's too, is a count
-            f.name: ("a positive integer", lambda v: type(v) is int and v > 0)
+            f.name: ("a positive integer", is_positive_int)
             for f in fields(self)
             if f.type is int
         }

@@ -533,7 +533,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--checkpoint", type=helpers.given_path, required=True)
+    helpers.add_checkpoint_flag(parser)
     parser.add_argument("--out", type=helpers.given_path, required=True)
     parser.add_argument(
         "--also",
@@ -543,7 +543,7 @@ def main(argv=None):
         help="earlier snapshots of the same run: their link weights and head statistics are "
         "stored too, to show which findings hold from one snapshot to the next",
     )
-    parser.add_argument("--data-dir", type=helpers.given_path, default=None, help="Multi30k folder")
+    helpers.add_data_dir_flag(parser)
     parser.add_argument("--beam-size", type=helpers.positive_int, default=4)
     parser.add_argument("--alpha", type=helpers.non_negative_float, default=0.6)
     parser.add_argument(

@@ -23,7 +23,6 @@ import argparse
 import hashlib
 import os
 import pathlib
-import random
 import statistics
 import sys
 import tempfile
@@ -306,20 +305,30 @@ def graphed_row(bench, model, device, amp=None, eager_steps=3):
     return Row(f"train/ours{compiled}-{key}", label, work, ntokens, bench_flops(bench), 1)
 
 
-def stand_in_pairs(count=48, seed=0):
-    """Made-up sentence pairs for smoke runs: words of two to five letters, the target the
-    source's words in reverse order. Nothing to draw conclusions from."""
-    generator = random.Random(seed)
+STAND_IN_WORDS = "a man woman dog runs sits on the red blue big small ball street grass".split()
 
-    def sentence():
-        length = generator.randint(3, 14)
-        return " ".join(
-            "".join(generator.choices("abcdefghijklmnop", k=generator.randint(2, 5)))
-            for _ in range(length)
-        )
 
-    sources = [sentence() for _ in range(count)]
-    return [(source, " ".join(reversed(source.split()))) for source in sources]
+def stand_in_ids(count, vocab, seed=0):
+    """`count` made-up (source ids, target ids) pairs as at.encode_pairs returns them: 2 to 8
+    random ids from 4..vocab-1 ending in </s>, and the same ids reversed between <s> and
+    </s>."""
+    generator = torch.Generator().manual_seed(seed)
+    pairs = []
+    for _ in range(count):
+        length = int(torch.randint(2, 9, (1,), generator=generator))
+        ids = torch.randint(4, vocab, (length,), generator=generator).tolist()
+        pairs.append((ids + [at.EOS_ID], [at.BOS_ID] + ids[::-1] + [at.EOS_ID]))
+    return pairs
+
+
+def stand_in_pairs(count=60, seed=0):
+    """The pairs of stand_in_ids as sentences of STAND_IN_WORDS, for smoke runs (and the
+    tests): a 'translation' that reverses the words. Nothing to draw conclusions from."""
+    pairs = []
+    for ids in stand_in_ids(count, len(STAND_IN_WORDS) + 4, seed):
+        source, target = (" ".join(STAND_IN_WORDS[i - 4] for i in side if i >= 4) for side in ids)
+        pairs.append((source, target))
+    return pairs
 
 
 def profile_pairs(bench):
@@ -657,10 +666,11 @@ def parse_args(argv=None):
     )
     add = parser.add_argument
     helpers.add_device_flag(parser)
-    add("--threads", type=helpers.positive_int, help="torch CPU threads (default: torch's)")
+    helpers.add_threads_flag(parser)
     add("--config", nargs="+", choices=list(CONFIGS), help="configurations (default: base)")
     add("--rounds", type=helpers.positive_int, help="interleaved rounds per row (default 7)")
-    add("--warmup", type=int, default=1, help="untimed calls per row before the rounds")
+    add("--warmup", type=helpers.non_negative_int, default=1,
+        help="untimed calls per row before the rounds")  # fmt: skip
     add(
         "--min-seconds", type=helpers.non_negative_float, default=0.2, help="min_run_time per round"
     )
@@ -679,8 +689,6 @@ def parse_args(argv=None):
         args.config, args.min_seconds = args.config or QUICK, 0.0
     args.config = args.config or ["base"]
     args.rounds = args.rounds or (2 if args.quick else 7)
-    if args.warmup < 0:
-        parser.error(f"argument --warmup: must be an integer >= 0, got {args.warmup}")
     return args
 
 
@@ -693,7 +701,7 @@ def main(argv=None, log=None):
         args.out.parent.mkdir(parents=True, exist_ok=True)
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     device, threads = torch.device(args.device), torch.get_num_threads()
-    torch.set_num_threads(args.threads or threads)
+    helpers.set_threads(args.threads)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     command = ["python code/benchmark.py", *(sys.argv[1:] if argv is None else argv)]
     names = "device", "rounds", "warmup", "min_seconds", "bf16", "compile"

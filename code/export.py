@@ -29,6 +29,8 @@ import time
 
 import yaml
 
+import safe_files
+
 MARKER = "#| export"
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODULE = ROOT / "code" / "annotated_transformer.py"
@@ -254,7 +256,8 @@ def execute(path, timeout):
         resources={"metadata": {"path": str(path.parent)}},
     )
     client.execute()
-    nbformat.write(tidy(notebook), path)
+    with safe_files.atomic_file(path) as file:  # a chapter is replaced whole or not at all
+        nbformat.write(tidy(notebook), file)
 
 
 def main(argv=None):
@@ -297,7 +300,7 @@ def main(argv=None):
             print(f"{', '.join(str(_shown(p)) for p in modules)} are up to date with chapters/")
         return 1 if stale else 0
     for path in stale:
-        path.write_text(modules[path])
+        safe_files.write_text(path, modules[path])
         print(f"wrote {_shown(path)}")
     if not stale:
         print("modules already up to date")

@@ -24,9 +24,7 @@ is written to a temporary name and renamed, so a reader never meets half a file.
 import argparse
 import json
 import pathlib
-import shutil
 import sys
-import tempfile
 import warnings
 
 import numpy as np
@@ -117,21 +115,19 @@ def weights_in_float16(graph_proto):
 
 def export_graph(module, inputs, names, dynamic, path):
     """One module to one self-contained ONNX file with float16 weights, written atomically."""
-    with tempfile.TemporaryDirectory() as scratch, warnings.catch_warnings():
+    with warnings.catch_warnings():
         # the exporter's advice (register `weights` as a buffer, ...) does not apply here
         warnings.simplefilter("ignore")
-        raw = pathlib.Path(scratch) / "raw.onnx"
-        torch.onnx.export(
+        program = torch.onnx.export(  # no file: the graph stays in memory until it is final
             module.eval(),
             inputs,
-            raw,
             input_names=names[0],
             output_names=names[1],
             dynamic_shapes=dynamic,
             dynamo=True,
             verbose=False,
         )
-        graph = weights_in_float16(onnx.load(raw))
+        graph = weights_in_float16(program.model_proto)
     with safe_files.atomic_file(path, "wb") as file:
         file.write(graph.SerializeToString())
 
@@ -175,8 +171,8 @@ def export(checkpoint, out, examples):
         "heads": model.decoder.layers[-1].src_attn.h,
         "examples": examples,
     }
-    helpers.write_atomically(out / "tokenizer.json", tokenizer.to_str())
-    helpers.write_atomically(
+    safe_files.write_text(out / "tokenizer.json", tokenizer.to_str())
+    safe_files.write_text(
         out / "translator.json", json.dumps(settings, ensure_ascii=False, indent=1)
     )
     return {p.name: p.stat().st_size for p in sorted(out.iterdir())}
@@ -193,7 +189,8 @@ def copy_engine(out):
     copied = []
     for package, names in ENGINE.items():
         for name in names:
-            shutil.copyfile(NODE_MODULES / package / "dist" / name, vendor / name)
+            with safe_files.atomic_file(vendor / name, "wb") as file:
+                file.write((NODE_MODULES / package / "dist" / name).read_bytes())
             copied.append(vendor / name)
     return copied
 
@@ -225,6 +222,7 @@ def main(argv=None):
         print(f"the page's engine and tokenizer: {len(copied)} files in {args.out / 'vendor'}")
     else:
         print("node_modules is missing: run `npm ci` first, or the page says it cannot run")
+    return 0
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ evaluation is appended to OUT/trials.csv (and copied to --csv).
 
 import argparse
 import json
-import shutil
 import sys
 import time
 
@@ -115,9 +114,9 @@ def record(row, path, extra_csv):
         if (r["trial"], r["rung"]) != (row["trial"], str(row["rung"]))
     ]
     helpers.write_csv(path, [*rows, row], COLUMNS)
-    if extra_csv:
+    if extra_csv:  # the same table, as atomically
         extra_csv.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, extra_csv)
+        helpers.write_csv(extra_csv, [*rows, row], COLUMNS)
 
 
 def parse_args(argv=None):
@@ -137,9 +136,11 @@ def parse_args(argv=None):
         nargs="*",
         help="CPU minutes per rung (default: %(default)s)",
     )
-    parser.add_argument("--threads", type=helpers.positive_int, default=1)
+    # one thread: a trial's budget is CPU seconds, which buy less training when threads
+    # wait for each other, and searches with disjoint --trials run side by side, one a core
+    helpers.add_threads_flag(parser, default=1)
     parser.add_argument("--csv", type=helpers.given_path, help="also copy the table here")
-    parser.add_argument("--data-dir", type=helpers.given_path)
+    helpers.add_data_dir_flag(parser)
     return parser.parse_args(argv)
 
 

@@ -1,7 +1,7 @@
 """Files the book can trust: every file it writes is renamed into place whole (atomic_file,
-write_json), and every data file it reads is the published one (the six Multi30k files,
-verified against their SHA-256 and downloaded once into a cache). Chapter 5 reads its data
-from multi30k_folder; the training-runs page explains both guarantees. No torch here: a
+write_text, write_json), and every data file it reads is the published one (the six Multi30k
+files, verified against their SHA-256 and downloaded once into a cache). Chapter 5 reads its
+data from multi30k_folder; the training-runs page explains both guarantees. No torch here: a
 script that only writes files (code/export.py) loads this module in a blink."""
 
 import contextlib
@@ -9,19 +9,33 @@ import hashlib
 import json
 import os
 import pathlib
+import stat
 import tempfile
 import urllib.request
+
+
+def permissions_for(path):
+    """The permission bits of the file at `path`, or, where there is none, those a new file
+    gets from open(): 0o666 less the process's umask."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)  # reading the umask means setting it: put it straight back
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 @contextlib.contextmanager
 def atomic_file(path, mode="w"):
     """Open a temporary file beside `path` (mode "w": UTF-8 text, "wb": bytes) and rename it
     onto `path` once the block has ended without an error, synced to disk: a reader finds
-    the old file or the whole new one, never half of one. After an error, nothing is kept."""
+    the old file or the whole new one, never half of one. After an error, nothing is kept.
+    The new file keeps the old one's permissions, or gets those open() would give it."""
     path = pathlib.Path(path)
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     text = {} if "b" in mode else {"encoding": "utf-8", "newline": "\n"}
     try:
+        os.chmod(handle, permissions_for(path))  # mkstemp's are the owner's alone (0o600)
         with os.fdopen(handle, mode, **text) as file:
             yield file
             file.flush()
@@ -31,10 +45,15 @@ def atomic_file(path, mode="w"):
         pathlib.Path(tmp).unlink(missing_ok=True)
 
 
+def write_text(path, text):
+    """Text (UTF-8) written as atomically as a checkpoint (a reader never sees half a file)."""
+    with atomic_file(path) as file:
+        file.write(text)
+
+
 def write_json(path, data):
     """JSON written as atomically as a checkpoint (a reader never sees half a file)."""
-    with atomic_file(path) as file:
-        file.write(json.dumps(data, indent=1) + "\n")
+    write_text(path, json.dumps(data, indent=1) + "\n")
 
 
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"

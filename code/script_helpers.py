@@ -1,5 +1,6 @@
 """What the scripts in code/ share: argument types that refuse a bad value with a message
-naming it, the --device flag, one way to end on a user's mistake (one line on stderr and
+naming it, the flags several scripts take (--device, --checkpoint, --data-dir, --threads:
+each declared once, here), one way to end on a user's mistake (one line on stderr and
 exit code 2; a bug keeps its traceback), a flag for every field of the config dataclasses (help
 from their docstrings), thread set-up, a log, results tables and shared tokenizers.
 No script imports another script: what two of them need lives here or in the module."""
@@ -38,23 +39,24 @@ PATH_ERRORS = (
 DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
 
 
-def integer_at_least(minimum, what):
-    """An argparse type for integers >= minimum; `what` names them."""
+def integer_at_least(minimum):
+    """An argparse type for integers >= minimum: the text read as an int, then held to the
+    paper module's one rule for a count, at.positive_int, shifted so that `minimum` is the
+    smallest value allowed (value - minimum + 1 must be a positive integer)."""
+    what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
 
     def parse(text):
         try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
-        return value
+            at.positive_int("value", int(text) - minimum + 1)
+        except ValueError:  # not an integer (int's error) or too small (at.InputError)
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+        return int(text)
 
     return parse
 
 
-positive_int = integer_at_least(1, "a positive integer")
-non_negative_int = integer_at_least(0, "an integer >= 0")
+positive_int = integer_at_least(1)
+non_negative_int = integer_at_least(0)
 
 
 def finite_number(inclusive, what):
@@ -119,6 +121,29 @@ def add_checkpoint_flag(parser):
         default=SHIPPED_TRANSLATOR,
         help="a train.py checkpoint or snapshot, or an evaluate.py averaged.pt "
         "(default: the book's translator, results/multi30k/averaged.pt)",
+    )
+
+
+def add_data_dir_flag(parser):
+    parser.add_argument(
+        "--data-dir",
+        type=given_path,
+        metavar="FOLDER",
+        default=None,
+        help="a local copy of Multi30k's six .gz files, each verified by its SHA-256 "
+        "(default: $MULTI30K_DIR, else downloaded once into the cache)",
+    )
+
+
+def add_threads_flag(parser, default=None):
+    """--threads; `default` None leaves the count to PyTorch (one thread per core). A script
+    whose measurements assume a count passes that count, and says why where it does."""
+    shown = "PyTorch's choice, one per core" if default is None else default
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        default=default,
+        help=f"CPU threads for PyTorch and the tokenizer (default: {shown})",
     )
 
 
@@ -266,7 +291,9 @@ def command_for(config, profile="quick"):
 
 def set_threads(threads):
     """CPU threads for PyTorch and for the tokenizer (whose thread pool starts on first use
-    and reads RAYON_NUM_THREADS then)."""
+    and reads RAYON_NUM_THREADS then); None leaves both to their own choice (--threads)."""
+    if threads is None:
+        return
     os.environ["RAYON_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
 
@@ -302,12 +329,6 @@ def read_csv(path):
         return list(csv.DictReader(file))
 
 
-def write_atomically(path, text):
-    """Write `text` to `path` atomically (safe_files.atomic_file)."""
-    with safe_files.atomic_file(path) as file:
-        file.write(text)
-
-
 def write_csv(path, rows, columns):
     """Write a CSV table atomically, so that a crash never leaves half a table and a reader
     never sees one."""
@@ -315,7 +336,7 @@ def write_csv(path, rows, columns):
     writer = csv.DictWriter(text, fieldnames=columns)
     writer.writeheader()
     writer.writerows(rows)
-    write_atomically(path, text.getvalue())
+    safe_files.write_text(path, text.getvalue())
 
 
 def tokenizers(pairs, folder=None):
@@ -330,7 +351,9 @@ def tokenizers(pairs, folder=None):
             if path is not None and path.exists():
                 learned[vocab_size] = at.load_tokenizer(path)
             else:
-                learned[vocab_size] = at.train_bpe(pairs, vocab_size, path)
+                learned[vocab_size] = at.train_bpe(pairs, vocab_size)
+                if path is not None:  # whole or not at all: other processes read it
+                    safe_files.write_text(path, learned[vocab_size].to_str(pretty=True))
         return learned[vocab_size]
 
     return get

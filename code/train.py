@@ -48,12 +48,7 @@ def parse_args(argv=None):
         "GPU; tiny: a toy for tests",
     )
     parser.add_argument("--out", type=helpers.given_path, required=True, help="the run's folder")
-    parser.add_argument(
-        "--data-dir",
-        type=helpers.given_path,
-        default=None,
-        help="local Multi30k copy (default: $MULTI30K_DIR, else download and cache)",
-    )
+    helpers.add_data_dir_flag(parser)
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     parser.add_argument(
         "--no-validation", action="store_true", help="skip validation during training"

@@ -10,22 +10,22 @@ line; translations on standard output or into a file, one line for each input li
 By default: the averaged weights that ship in results/multi30k/averaged.pt, beam search with
 beam 4 and length penalty 0.6 (§6.1), batches of sentences of similar length, the GPU when
 there is one. An empty input line gives an empty output line, so files stay aligned. With
---reference, the translations are scored with sacreBLEU (cased, as evaluate.py reports) and
-the score and its signature go to standard error, so that standard output carries only
-translations. Bad input (bytes that are not UTF-8, a sentence longer than the model can
-translate, a reference file of another length, a file that is not a checkpoint) ends with
-one line on standard error and exit code 2 before anything is translated; --output is
-written only once every line is translated.
+--reference, the translations are scored as evaluate.py scores them (chapter 6.1's
+evaluate_bleu: sacreBLEU, cased) and the score, its signature and the length ratio go to
+standard error, so that standard output carries only translations. Bad input (bytes that
+are not UTF-8, a sentence longer than the model can translate, a reference file of another
+length, a file that is not a checkpoint) ends with one line on standard error and exit code
+2 before anything is translated; --output is written only once every line is translated.
 """
 
 import argparse
 import sys
 
-import sacrebleu
 from tqdm import tqdm
 
 import annotated_transformer as at
 import fast_decoding as fd
+import safe_files
 import script_helpers as helpers
 
 
@@ -61,9 +61,7 @@ def parse_args(argv=None):
         "--batch-size", type=helpers.positive_int, default=64, help="sentences per batch"
     )
     helpers.add_device_flag(parser)
-    parser.add_argument(
-        "--threads", type=helpers.positive_int, help="CPU threads (default: PyTorch's)"
-    )
+    helpers.add_threads_flag(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     if args.sentences and args.input:
@@ -123,11 +121,21 @@ def load_translator(path, device):
         ) from None
 
 
+def translate_and_score(model, tokenizer, sentences, references, *options):
+    """(the translations, their scores), `options` as at.translate takes them (beam_size,
+    alpha, batch_size, decode): without references, at.translate's translations and None;
+    with them, at.evaluate_bleu's hypotheses and figures, so that the sentences are
+    translated once and scored as every other script scores them."""
+    if references is None:
+        return at.translate(model, tokenizer, sentences, *options), None
+    scores = at.evaluate_bleu(model, tokenizer, list(zip(sentences, references)), *options)
+    return scores["hypotheses"], scores
+
+
 @helpers.user_errors_exit_2("translate.py")
 def main(argv=None):
     args = parse_args(argv)
-    if args.threads:
-        helpers.set_threads(args.threads)
+    helpers.set_threads(args.threads)
     sentences, where = read_sources(args)
     references = None
     if args.reference is not None:
@@ -157,8 +165,9 @@ def main(argv=None):
             return out
 
         try:
-            translations = at.translate(
-                model, tokenizer, sentences, beam_size, args.alpha, args.batch_size, decode
+            options = beam_size, args.alpha, args.batch_size, decode
+            translations, score = translate_and_score(
+                model, tokenizer, sentences, references, *options
             )
         except at.InputError as error:  # a sentence too long: named as the user numbers it
             if getattr(error, "index", None) is None:
@@ -169,11 +178,13 @@ def main(argv=None):
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        helpers.write_atomically(args.output, text)
-    if references is not None:
-        bleu = sacrebleu.BLEU()
-        score = bleu.corpus_score(translations, [references])
-        print(score.format(signature=str(bleu.get_signature())), file=sys.stderr)
+        safe_files.write_text(args.output, text)
+    if score is not None:  # sacreBLEU's own layout: BLEU|signature = score
+        print(
+            f"BLEU|{score['signature']} = {score['bleu']:.2f} "
+            f"(ratio = {score['length_ratio']:.3f})",
+            file=sys.stderr,
+        )
     return 0
 
 

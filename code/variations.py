@@ -348,13 +348,8 @@ def parse_args(argv=None):
         help="train on the first this many pairs only (tests); recorded with each row",
     )
     helpers.add_device_flag(parser)
-    parser.add_argument(
-        "--threads",
-        type=helpers.positive_int,
-        default=1,
-        help="CPU threads for PyTorch and the tokenizer",
-    )
-    parser.add_argument("--data-dir", type=helpers.given_path, help="local Multi30k copy")
+    helpers.add_threads_flag(parser)
+    helpers.add_data_dir_flag(parser)
     helpers.add_config_flags(parser)  # every TrainConfig/ModelConfig field, on the base
     return parser.parse_args(argv)
 

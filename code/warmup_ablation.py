@@ -73,11 +73,15 @@ def run_arm(args, N, warmup, seed, log_every):
 
 
 def parse_arm(text):
-    """ "6:400" -> (6, 400)."""
-    N, warmup = (int(part) for part in text.split(":"))
-    if N < 1 or warmup < 0:
-        raise ValueError(text)
-    return N, warmup
+    """An argparse type for an arm: "6:400" -> (6, 400), layers >= 1 and warm-up steps >= 0."""
+    N, _, warmup = text.partition(":")
+    try:
+        return helpers.positive_int(N), helpers.non_negative_int(warmup)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"must be N:warmup, layers a positive integer and warm-up steps an integer >= 0 "
+            f"(e.g. 6:400), got {text!r}"
+        ) from None
 
 
 @helpers.user_errors_exit_2("warmup_ablation.py")
@@ -86,18 +90,19 @@ def main(argv=None):
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=helpers.given_path, required=True, help="the CSV to write")
-    parser.add_argument("--d-model", type=int, default=64)
-    parser.add_argument("--peak-lr", type=float, default=3e-3)
-    parser.add_argument("--decay-from", type=int, default=400, help="W: Eq. (3)'s warmup_steps")
+    count, seed = helpers.positive_int, helpers.non_negative_int
+    parser.add_argument("--d-model", type=count, default=64)
+    parser.add_argument("--peak-lr", type=helpers.positive_float, default=3e-3)
+    parser.add_argument("--decay-from", type=count, default=400, help="W: Eq. (3)'s warmup_steps")
     parser.add_argument(
         "--arms", type=parse_arm, nargs="+", default=[(6, 400), (6, 40), (6, 0), (2, 0)],
         help="N:warmup pairs: layers in encoder and decoder, warm-up steps",
     )  # fmt: skip
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--log-every", type=int, default=20)
-    parser.add_argument("--symbols", type=int, default=16, help="copy-task alphabet size")
-    parser.add_argument("--length", type=int, default=10, help="copy-task sequence length")
+    parser.add_argument("--seeds", type=seed, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=count, default=1000)
+    parser.add_argument("--log-every", type=count, default=20)
+    parser.add_argument("--symbols", type=count, default=16, help="copy-task alphabet size")
+    parser.add_argument("--length", type=count, default=10, help="copy-task sequence length")
     args = parser.parse_args(argv)
     extra = {"d_model": args.d_model, "peak_lr": args.peak_lr}
     extra["hardware"] = training.hardware_description()  # CPU, threads, instruction sets, torch

@@ -539,3 +539,18 @@ def test_a_decoding_calls_flops_grow_in_proportion_to_its_batch():
             counts.append(count.get_total_flops())
     half = len(counts) // 2
     assert counts[half:] == [2 * n for n in counts[:half]] and min(counts) > 0
+
+
+def test_the_stand_in_pairs_reverse_their_words_and_are_the_tests_toy_pairs():
+    import toy
+
+    pairs = benchmark.stand_in_pairs(20, seed=3)
+    assert pairs == benchmark.stand_in_pairs(20, seed=3) != benchmark.stand_in_pairs(20, seed=4)
+    for source, target in pairs:
+        assert target.split() == source.split()[::-1]
+        assert 2 <= len(source.split()) <= 8
+        assert set(source.split()) <= set(benchmark.STAND_IN_WORDS)
+    vocab = len(benchmark.STAND_IN_WORDS) + 4  # the words are the ids after the special ones
+    for (source, _), (ids, _) in zip(pairs, benchmark.stand_in_ids(20, vocab, seed=3)):
+        assert source.split() == [benchmark.STAND_IN_WORDS[i - 4] for i in ids[:-1]]
+    assert toy.toy_pairs is benchmark.stand_in_pairs and toy.toy_ids is benchmark.stand_in_ids

@@ -1,10 +1,14 @@
 """code/train.py and what the scripts share in code/script_helpers.py: flags from the config
-dataclasses (help from their docstrings), user errors as one line and exit code 2, results
-tables and shared tokenizers. What the module checks is tested with the module; here, only
-what the command line itself does."""
+dataclasses (help from their docstrings), integer types held to the module's rule, the flags
+several scripts take (declared once), user errors as one line and exit code 2 (every script),
+results tables and shared tokenizers. What the module checks is tested with the module; here,
+only what the command line itself does."""
 
+import argparse
+import ast
 import dataclasses
 import errno
+import pathlib
 import re
 
 import pytest
@@ -244,9 +248,9 @@ def test_one_tokenizer_per_vocabulary_size_is_learned_once(tmp_path, monkeypatch
     learned = []
     original = at.train_bpe
 
-    def counting(pairs, vocab_size, path=None):
+    def counting(pairs, vocab_size):
         learned.append(vocab_size)
-        return original(pairs, vocab_size, path)
+        return original(pairs, vocab_size)
 
     monkeypatch.setattr(at, "train_bpe", counting)
     get = helpers.tokenizers(toy_pairs(), tmp_path)
@@ -289,3 +293,129 @@ def test_on_any_gpu_the_default_is_float32_with_cuda_graphs_for_one_process(
 def test_a_run_option_the_config_refuses_exits_2_naming_it(tmp_path, capsys):
     line = exits_2_with_one_line(capsys, train.main, ["--out", str(tmp_path), "--amp", "half"])
     assert "amp must be one of auto, bf16, fp16, off, fastest, got 'half'" in line
+
+
+def test_a_tokenizer_shared_through_a_folder_is_written_whole(tmp_path, monkeypatch):
+    def full_disk(source, target):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(safe_files.os, "replace", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        helpers.tokenizers(toy_pairs(), tmp_path)(40)
+    assert list(tmp_path.iterdir()) == []  # neither half a tokenizer nor a temporary file
+
+
+# ---- what every script shares ----------------------------------------------------------------
+
+CODE = pathlib.Path(helpers.__file__).resolve().parent
+SCRIPTS = sorted(p for p in CODE.glob("*.py") if re.search(r"^def main\(", p.read_text(), re.M))
+# scripts whose main is not guarded by helpers.user_errors_exit_2, and why
+UNGUARDED = {
+    "export.py": "it generates annotated_transformer.py, so it must run when that module does "
+    "not import (a chapter half edited): it loads neither torch nor script_helpers, and ends "
+    "its own errors (a cell it refuses, a missing notebook) with one line and exit 2",
+}
+SHARED_FLAGS = ("--checkpoint", "--data-dir", "--device", "--threads")
+
+
+@pytest.mark.parametrize(
+    "parse, text, value",
+    [
+        (helpers.positive_int, "3", 3),
+        (helpers.positive_int, " 12 ", 12),
+        (helpers.non_negative_int, "0", 0),
+        (helpers.non_negative_int, "7", 7),
+    ],
+)
+def test_an_integer_flag_reads_its_text_as_an_int(parse, text, value):
+    assert parse(text) == value
+
+
+@pytest.mark.parametrize(
+    "parse, text, message",
+    [
+        (helpers.positive_int, "0", "must be a positive integer, got '0'"),
+        (helpers.positive_int, "-2", "must be a positive integer, got '-2'"),
+        (helpers.positive_int, "2.5", "must be a positive integer, got '2.5'"),
+        (helpers.positive_int, "True", "must be a positive integer, got 'True'"),
+        (helpers.positive_int, "", "must be a positive integer, got ''"),
+        (helpers.non_negative_int, "-1", "must be an integer >= 0, got '-1'"),
+        (helpers.non_negative_int, "zero", "must be an integer >= 0, got 'zero'"),
+    ],
+)
+def test_an_integer_flag_refuses_other_text_naming_it(parse, text, message):
+    with pytest.raises(argparse.ArgumentTypeError, match=re.escape(message)):
+        parse(text)
+
+
+def test_both_integer_types_hold_the_value_to_the_modules_one_rule(monkeypatch):
+    checked, rule = [], at.positive_int
+
+    def counted(name, value):
+        checked.append(value)
+        return rule(name, value)
+
+    monkeypatch.setattr(at, "positive_int", counted)
+    assert helpers.positive_int("3") == 3 and helpers.non_negative_int("0") == 0
+    assert checked == [3, 1]  # >= 0: the value plus one is a positive integer
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--arms", "0:5"], "--arms: must be N:warmup, layers a positive integer and warm-up"),
+        (["--arms", "6:-1"], "(e.g. 6:400), got '6:-1'"),
+        (["--arms", "6"], "got '6'"),
+        (["--steps", "0"], "--steps: must be a positive integer, got '0'"),
+        (["--seeds", "-1"], "--seeds: must be an integer >= 0, got '-1'"),
+    ],
+)
+def test_the_warmup_ablation_refuses_a_bad_arm_or_count_while_parsing(argv, message, capsys):
+    import warmup_ablation
+
+    with pytest.raises(SystemExit) as stop:
+        warmup_ablation.main(["--out", "never.csv", *argv])
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_flag_several_scripts_take_is_declared_once_in_script_helpers():
+    declared = []
+    for path in CODE.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+                if node.args[0].value in SHARED_FLAGS:
+                    declared.append((path.name, node.args[0].value))
+    assert sorted(declared) == [("script_helpers.py", flag) for flag in SHARED_FLAGS]
+
+
+def test_threads_are_pytorchs_choice_unless_a_script_budgets_cpu_time():
+    import benchmark
+    import recipe_search
+    import translate
+    import variations
+
+    assert translate.parse_args(["Hund"]).threads is None
+    assert variations.parse_args(["--out", "o"]).threads is None
+    assert benchmark.parse_args([]).threads is None
+    assert recipe_search.parse_args(["--out", "o"]).threads == 1  # CPU-second budgets
+    threads = torch.get_num_threads()
+    helpers.set_threads(None)  # no --threads: PyTorch's own count stays
+    assert torch.get_num_threads() == threads
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda path: path.name)
+def test_every_scripts_main_ends_a_users_error_with_one_line_and_exit_2(path):
+    tree = ast.parse(path.read_text())
+    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    guards = [
+        ast.literal_eval(d.args[0])
+        for d in main.decorator_list
+        if isinstance(d, ast.Call) and ast.unparse(d.func) == "helpers.user_errors_exit_2"
+    ]
+    assert guards == ([] if path.name in UNGUARDED else [path.name])  # named as it is run
+
+
+def test_the_scripts_are_found():
+    names = {path.name for path in SCRIPTS}
+    assert {"train.py", "evaluate.py", "translate.py", "export_onnx.py", "export.py"} <= names
+    assert set(UNGUARDED) <= names

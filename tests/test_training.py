@@ -256,12 +256,6 @@ def test_a_write_that_fails_keeps_the_old_file_and_leaves_nothing(tmp_path):
     assert (tmp_path / "a.bin").read_bytes() == b"first"  # the last to finish, whole
 
 
-def test_every_file_in_code_is_renamed_into_place_by_atomic_file():
-    code = pathlib.Path(__file__).resolve().parent.parent / "code"
-    renames = {p.name: p.read_text().count("os.replace(") for p in code.glob("*.py")}
-    assert {name: n for name, n in renames.items() if n} == {"safe_files.py": 1}
-
-
 @pytest.fixture
 def one_second_steps(monkeypatch):
     """train's clock, faked: a step takes one second; validating and saving take none."""

@@ -1,5 +1,6 @@
 """code/translate.py: the book's translator on a reader's own sentences. Its output is the
-module's `translate` line for line, blank lines kept; --reference is sacreBLEU's score; bad
+module's `translate` line for line, blank lines kept; --reference is sacreBLEU's score, as
+chapter 6.1's evaluate_bleu computes it; bad
 input ends with one line on stderr, exit code 2 and no output file."""
 
 import io
@@ -117,6 +118,32 @@ def test_reference_score_is_sacrebleu_on_stderr(val, tmp_path, capsys):
     assert 5 < expected < 95  # a real score, not a degenerate one
     assert f"= {expected:.2f} " in err
     assert "nrefs:1|case:mixed|eff:no|tok:13a" in err
+
+
+def test_the_score_is_chapter_6_1s_evaluate_bleu_on_the_translations_made_once(
+    val, tmp_path, capsys, monkeypatch
+):
+    scored, translated = [], []
+    evaluate_bleu, translate_sentences = at.evaluate_bleu, at.translate
+
+    def evaluate(model, tokenizer, pairs, *options):
+        scored.append(pairs)
+        return {**evaluate_bleu(model, tokenizer, pairs, *options), "signature": "as 6.1 signs"}
+
+    def counted(*args):
+        translated.append(args[2])
+        return translate_sentences(*args)
+
+    monkeypatch.setattr(at, "evaluate_bleu", evaluate)
+    monkeypatch.setattr(at, "translate", counted)  # evaluate_bleu translates with it
+    source = write_lines(tmp_path / "de.txt", val["sources"])
+    reference = write_lines(tmp_path / "en.txt", val["references"])
+    assert translate.main(["--input", str(source), "--reference", str(reference)]) == 0
+    out, err = capsys.readouterr()
+    assert scored == [list(zip(val["sources"], val["references"]))]
+    assert translated == [val["sources"]]  # once: the scored hypotheses are the output
+    assert out.splitlines() == val["beam"]
+    assert err.startswith("BLEU|as 6.1 signs = ") and err.count("\n") == 1
 
 
 def test_progress_bar_on_a_terminal_and_not_with_quiet(val, tmp_path, capsys, monkeypatch):

@@ -219,7 +219,7 @@ def toy_data(monkeypatch):
 
 def test_command_line_writes_the_csv_and_skips_finished_runs(tmp_path, toy_data, capsys):
     flags = ["--out", str(tmp_path), "--scale", "tiny", "--max-steps", "2", "--device", "cpu"]
-    flags += ["--vocab-size", "60", "--seeds", "0", "1", "--rows", "base", "E"]
+    flags += ["--vocab-size", "60", "--seeds", "0", "1", "--rows", "base", "E", "--threads", "1"]
     assert variations.main(flags) == 0
     with open(tmp_path / "variations.csv", newline="") as file:
         rows = list(csv.DictReader(file))
@@ -275,10 +275,9 @@ def test_bad_counts_are_refused_while_parsing(argv, message, capsys):
     assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_a_run_on_a_subset_of_the_pairs_is_not_reused_for_a_bigger_one(tmp_path, monkeypatch):
-    monkeypatch.setattr(helpers, "load_multi30k", lambda split, data_dir=None: toy_pairs(40))
+def test_a_run_on_a_subset_of_the_pairs_is_not_reused_for_a_bigger_one(tmp_path, toy_data):
     flags = ["--out", str(tmp_path), "--scale", "tiny", "--max-steps", "2", "--rows", "base"]
-    flags += ["--vocab-size", "60", "--seeds", "0", "--device", "cpu"]
+    flags += ["--vocab-size", "60", "--seeds", "0", "--device", "cpu", "--threads", "1"]
     assert variations.main([*flags, "--train-pairs", "20"]) == 0
     assert variations.main([*flags, "--train-pairs", "30"]) == 0
     assert variations.main([*flags, "--train-pairs", "30"]) == 0  # this one is done
