@@ -1,0 +1,62 @@
+"""code/budget.py: where a profile's time goes, measured on a toy run of a toy budgeted profile;
+the sums it reports are checked against its own parts and against the run's recipe."""
+
+import dataclasses
+import json
+
+import pytest
+
+import budget
+import script_helpers as helpers
+import training_runs as training
+from toy import TINY, quiet, toy_pairs
+
+BUDGETED = dataclasses.replace(TINY, max_seconds=30.0, eval_every=4, bleu_sentences=5)
+
+
+@pytest.fixture
+def toy_profile(monkeypatch, tmp_path):
+    monkeypatch.setitem(training.PROFILES, "toy-budget", BUDGETED)
+    monkeypatch.setattr(helpers, "load_multi30k", lambda split, data_dir=None: toy_pairs(40))
+    run = tmp_path / "run"
+    training.train(dataclasses.replace(BUDGETED, max_seconds=0.0), toy_pairs(40), run, log=quiet)
+    return run
+
+
+def test_the_budget_splits_an_update_and_counts_what_a_run_adds(toy_profile, tmp_path):
+    out = tmp_path / "budget.json"
+    argv = ["--profile", "toy-budget", "--run", str(toy_profile), "--out", str(out)]
+    assert budget.main([*argv, "--steps", "4", "--rounds", "2", "--threads", "1"]) == 0
+    found = json.loads(out.read_text())
+    float32 = found["update_parts_seconds"]["float32"]
+    assert set(float32) == {"cut", "forward", "backward", "optimizer"}
+    assert all(seconds > 0 for seconds in float32.values())
+    assert set(found["update_parts_seconds"]) == {"float32"} | (
+        {"bfloat16"} if training.native_bf16("cpu") else set()
+    )
+    plan = found["budget"]
+    assert plan["precision"] == "float32"  # what the run trained in
+    step = sum(float32.values())  # the parts add up to the step, unrounded figures aside
+    assert plan["step_seconds"] == pytest.approx(step, abs=1e-4)
+    assert plan["steps_in_budget"] == pytest.approx(30.0 / step, rel=0.01)  # parts rounded
+    steps = plan["steps_in_budget"]
+    assert plan["validations"] == steps // 4 + 1  # every eval_every steps, and the last
+    assert plan["checkpoints"] == steps // BUDGETED.checkpoint_every + 1
+    once = found["once_seconds"]
+    assert plan["seconds"]["validations"] == pytest.approx(  # once's figures are rounded
+        plan["validations"] * once["validation"], rel=0.01, abs=0.1
+    )
+    assert found["budget"]["steps_made_by_the_run"] == BUDGETED.max_steps
+
+
+def test_a_profile_without_a_budget_or_a_run_without_weights_is_refused(
+    toy_profile, tmp_path, capsys
+):
+    out = str(tmp_path / "b.json")
+    assert budget.main(["--profile", "tiny", "--run", str(toy_profile), "--out", out]) == 2
+    assert "has no time budget" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert budget.main(["--profile", "toy-budget", "--run", str(empty), "--out", out]) == 2
+    assert "holds no checkpoint.pt" in capsys.readouterr().err
+    assert not (tmp_path / "b.json").exists()
