@@ -20,12 +20,9 @@ the machine's load hits every row alike. A row's time is the median over rounds;
 ratio of medians, with the median and range of the per-round ratios. """
 
 import argparse
-import hashlib
 import os
-import pathlib
 import statistics
 import sys
-import tempfile
 import time
 from collections import namedtuple
 from dataclasses import asdict, dataclass, replace
@@ -78,6 +75,8 @@ CONFIGS = {
     "small": BenchConfig("small", at.SMALL),
     # the base model at a training-sized batch: 250 pairs of 32 tokens, 8000 target tokens
     "base-8k": BenchConfig("base-8k", at.BASE, batch=250, seq=32),
+    # and at the paper's batch (§5.1: about 25000 target tokens): 780 pairs of 32 tokens
+    "base-25k": BenchConfig("base-25k", at.BASE, batch=780, seq=32),
     "multi30k": ProfileBench("multi30k", "multi30k", "multi30k"),
     # every code path in seconds: for --quick and the tests, not for conclusions
     "tiny": BenchConfig(
@@ -241,10 +240,11 @@ def bench_flops(bench):
     return training_flops(bench.model, bench.vocab, bench.batch, bench.seq, bench.seq)
 
 
-def training_rows(bench, device, bf16, compile=False):
+def training_rows(bench, device, bf16, compile=False, mode=None):
     """Rows that run one training step of each model on the same batch, label smoothing 0.1;
     on a GPU also the step as one CUDA graph and, with `compile`, both with our model
-    compiled by torch.compile (inductor: fused elementwise kernels)."""
+    compiled by torch.compile (inductor: fused elementwise kernels) in this `mode` (None:
+    torch.compile's default)."""
     batch = random_batch(bench, device)
     flops = bench_flops(bench)
 
@@ -279,8 +279,8 @@ def training_rows(bench, device, bf16, compile=False):
     if compile:
         key, precision = ("compiled-bf16", "bf16 autocast") if amp else ("compiled", "float32")
         label = f"ours compiled, fused attention, {precision}"
-        rows.append(row(f"train/ours-{key}", label, torch.compile(ours(True)), amp))
-        rows.append(graphed_row(bench, torch.compile(ours(True)), device, amp))
+        rows.append(row(f"train/ours-{key}", label, torch.compile(ours(True), mode=mode), amp))
+        rows.append(graphed_row(bench, torch.compile(ours(True), mode=mode), device, amp))
     return rows
 
 
@@ -340,18 +340,6 @@ def profile_pairs(bench):
     raise at.InputError(f"corpus must be 'multi30k' or 'stand-in', got {bench.corpus!r}")
 
 
-def pairs_digest(pairs):
-    """SHA-256 of sentence pairs: the tokenizer cache keeps one folder per set of pairs."""
-    digest = hashlib.sha256()
-    for source, target in pairs:
-        digest.update(f"{source}\t{target}\n".encode())
-    return digest.hexdigest()
-
-
-def default_tokenizer_cache():
-    return pathlib.Path(tempfile.gettempdir()) / "annotated-transformer-benchmark"
-
-
 def spread_batches(lengths, max_tokens, count, seed=0):
     """`count` of the batches that at.batch_by_tokens(lengths, max_tokens, seed) cuts for an
     epoch, spread over its lengths: of those batches ordered from the shortest sentences to
@@ -395,8 +383,7 @@ def profile_data(bench, cache=None):
     (learned once, then read from `cache`/<digest of the pairs>/), and choose its batches."""
     config = training.PROFILES[bench.profile]
     pairs = profile_pairs(bench)
-    digest = pairs_digest(pairs)
-    folder = pathlib.Path(cache or default_tokenizer_cache()) / digest[:16]
+    folder = helpers.tokenizer_cache_folder(pairs, cache)
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = helpers.tokenizers(pairs, folder)(config.vocab_size)
     corpus = at.EncodedCorpus.from_pairs(pairs, tokenizer)
@@ -416,7 +403,7 @@ def profile_data(bench, cache=None):
     record = {
         "corpus": "Multi30k train" if bench.corpus == "multi30k" else bench.corpus,
         "pairs": len(pairs),
-        "sha256": digest,
+        "sha256": helpers.pairs_digest(pairs),
         "vocab": tokenizer.get_vocab_size(),
         "max_tokens": config.max_tokens,
         "epoch_batches": epoch,
@@ -632,10 +619,10 @@ def run_config(bench, device, args, log):
             "flops": {"training_step": per_call / len(data.chosen), "per_call": per_call},
         }
     else:
-        groups = {
-            "training step": lambda: training_rows(bench, device, bf16, args.compile),
-            "decoding": lambda: decoding_rows(bench, device),
-        }
+        mode = None if args.compile_mode == "default" else args.compile_mode
+        groups = {"training step": lambda: training_rows(bench, device, bf16, args.compile, mode)}
+        if not args.no_decoding:
+            groups["decoding"] = lambda: decoding_rows(bench, device)
         bf16_rows = ["train/ours-fused-bf16"]
         shape = bench.vocab, bench.batch, bench.seq, bench.seq
         record = {
@@ -677,12 +664,14 @@ def parse_args(argv=None):
     add("--bf16", choices=["auto", "on", "off"], default="auto", help="the bf16 autocast row")
     add("--compile", action="store_true",
         help="GPU: also our model under torch.compile, eager and as a CUDA graph")  # fmt: skip
+    add("--compile-mode", choices=["default", "max-autotune-no-cudagraphs"], default="default",
+        help="torch.compile's mode for --compile (max-autotune-no-cudagraphs: it times several "
+        "kernels for each matrix product and keeps the fastest; minutes)")  # fmt: skip
+    add("--no-decoding", action="store_true", help="time the training step alone")
     add("--quick", action="store_true",
         help=f"smoke run: {' and '.join(QUICK)} unless --config is given, 2 rounds unless "
         "given, no minimum")  # fmt: skip
-    add("--tokenizer-cache", type=helpers.given_path,
-        help=f"folder for the tokenizers of the profile configurations (default: "
-        f"{default_tokenizer_cache()})")  # fmt: skip
+    helpers.add_tokenizer_cache_flag(parser)
     add("--out", type=helpers.given_path, help="write the results here (JSON)")
     args = parser.parse_args(argv)
     if args.quick:
@@ -704,7 +693,7 @@ def main(argv=None, log=None):
     helpers.set_threads(args.threads)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     command = ["python code/benchmark.py", *(sys.argv[1:] if argv is None else argv)]
-    names = "device", "rounds", "warmup", "min_seconds", "bf16", "compile"
+    names = "device", "rounds", "warmup", "min_seconds", "bf16", "compile", "compile_mode"
     settings = {k: vars(args)[k] for k in names}
     settings.update(
         decode_end_symbol=NEVER, tf32=torch.backends.cuda.matmul.fp32_precision == "tf32"

@@ -51,9 +51,10 @@ def write_text(path, text):
         file.write(text)
 
 
-def write_json(path, data):
-    """JSON written as atomically as a checkpoint (a reader never sees half a file)."""
-    write_text(path, json.dumps(data, indent=1) + "\n")
+def write_json(path, data, indent=1):
+    """JSON written as atomically as a checkpoint (a reader never sees half a file); indent
+    None writes it on one line."""
+    write_text(path, json.dumps(data, indent=indent) + "\n")
 
 
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"

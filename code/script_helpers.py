@@ -11,14 +11,18 @@ import csv
 import dataclasses
 import errno
 import functools
+import hashlib
+import inspect
 import io
 import math
 import os
 import pathlib
 import sys
+import tempfile
 import typing
 
 import docstring_parser
+import tokenizers as hf_tokenizers
 import torch
 
 import annotated_transformer as at
@@ -357,3 +361,35 @@ def tokenizers(pairs, folder=None):
         return learned[vocab_size]
 
     return get
+
+
+def tokenizer_cache_folder(pairs, cache=None):
+    """The folder of `cache` (default: the system's temporary folder) that keeps the
+    vocabularies learned from these pairs (see tokenizers). Its name digests the pairs, the
+    tokenizers library's version and the source of at.train_bpe: a vocabulary is reused only
+    where learning it again would give the same one."""
+    learner = pairs_digest(pairs), hf_tokenizers.__version__, inspect.getsource(at.train_bpe)
+    digest = hashlib.sha256("\n".join(learner).encode()).hexdigest()
+    return pathlib.Path(cache or default_tokenizer_cache()) / digest[:16]
+
+
+def pairs_digest(pairs):
+    """SHA-256 of sentence pairs, in hex."""
+    digest = hashlib.sha256()
+    for source, target in pairs:
+        digest.update(f"{source}\t{target}\n".encode())
+    return digest.hexdigest()
+
+
+def default_tokenizer_cache():
+    return pathlib.Path(tempfile.gettempdir()) / "annotated-transformer-tokenizers"
+
+
+def add_tokenizer_cache_flag(parser):
+    parser.add_argument(
+        "--tokenizer-cache",
+        type=given_path,
+        default=default_tokenizer_cache(),
+        help="where BPE vocabularies learned from the training pairs are kept, one folder per "
+        "set of pairs, and reused (default: %(default)s)",
+    )

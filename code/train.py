@@ -19,7 +19,9 @@ that is needed to resume), the weight snapshots OUT/checkpoint-<step>.pt (the la
 --keep-checkpoints, for averaging, each with its validation figures), OUT/tokenizer.json,
 OUT/metrics.json (loss and cross-entropy per step, validation every --eval-every steps)
 and OUT/train.log. Only rank 0 writes files. The data come from $MULTI30K_DIR (or
---data-dir) when set, otherwise they are downloaded once and verified by SHA-256.
+--data-dir) when set, otherwise they are downloaded once and verified by SHA-256. The BPE
+vocabulary is learned from the training pairs once and kept in --tokenizer-cache for the
+next run on the same pairs.
 """
 
 import argparse
@@ -54,6 +56,7 @@ def parse_args(argv=None):
         "--no-validation", action="store_true", help="skip validation during training"
     )
     helpers.add_device_flag(parser)
+    helpers.add_tokenizer_cache_flag(parser)
     helpers.add_config_flags(parser)
     return parser.parse_args(argv)
 
@@ -81,6 +84,11 @@ def main(argv=None):
     config = config_from_args(args)
     pairs = helpers.load_multi30k("train", data_dir=args.data_dir)
     val_pairs = None if args.no_validation else helpers.load_multi30k("val", data_dir=args.data_dir)
+    tokenizer = None  # a resumed run reads its vocabulary from its checkpoint
+    if not args.resume:  # learned once per set of pairs and size, then read
+        folder = helpers.tokenizer_cache_folder(pairs, args.tokenizer_cache)
+        folder.mkdir(parents=True, exist_ok=True)
+        tokenizer = helpers.tokenizers(pairs, folder)(config.vocab_size)
     device = start_distributed(args.device)
     rank, world = training.distributed_rank_and_size()
     # only rank 0 writes the log; tqdm.write puts a message above the progress bar
@@ -97,6 +105,7 @@ def main(argv=None):
                 config,
                 pairs,
                 args.out,
+                tokenizer=tokenizer,
                 val_pairs=val_pairs,
                 device=device,
                 resume=args.resume,

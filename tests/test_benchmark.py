@@ -450,6 +450,17 @@ def test_the_recorded_tf32_setting_is_read_as_training_sets_it(tmp_path):
     assert json.loads(out.read_text())["settings"]["tf32"] is True
 
 
+def test_no_decoding_times_the_training_step_alone_and_the_compile_mode_is_recorded(tmp_path):
+    out = tmp_path / "tiny.json"
+    argv = ["--quick", "--config", "tiny", "--threads", "1", "--no-decoding", "--out", str(out)]
+    argv += ["--compile-mode", "max-autotune-no-cudagraphs"]  # compiles only on a GPU
+    assert benchmark.main(argv, log=lambda _: None) == 0
+    results = json.loads(out.read_text())
+    rows = results["runs"]["tiny"]["rows"]
+    assert rows and all(key.startswith("train/") for key in rows)
+    assert results["settings"]["compile_mode"] == "max-autotune-no-cudagraphs"
+
+
 def test_quick_run_writes_json_with_every_row_and_ratio(tmp_path, capsys):
     out = tmp_path / "results" / "quick.json"
     torch.set_num_threads(2)

@@ -26,8 +26,10 @@ TINY_FLAGS += ["--max-tokens", "200", "--warmup-steps", "10", "--device", "cpu"]
 
 
 @pytest.fixture
-def toy_data(monkeypatch):
+def toy_data(monkeypatch, tmp_path_factory):
     monkeypatch.setattr(helpers, "load_multi30k", lambda split, data_dir=None: toy_pairs())
+    cache = tmp_path_factory.mktemp("tokenizers")  # not the machine's shared cache
+    monkeypatch.setattr(helpers, "default_tokenizer_cache", lambda: cache)
 
 
 def exits_2_with_one_line(capsys, call, argv):
@@ -261,6 +263,25 @@ def test_one_tokenizer_per_vocabulary_size_is_learned_once(tmp_path, monkeypatch
     again = helpers.tokenizers(toy_pairs(), tmp_path)(40)
     assert again.get_vocab() == first.get_vocab() and learned == [40, 50]
     assert helpers.tokenizers(toy_pairs())(40).get_vocab() == first.get_vocab()  # in memory only
+
+
+def test_a_second_run_on_the_same_pairs_reads_the_vocabulary_the_first_learned(
+    tmp_path, toy_data, monkeypatch
+):
+    learned = []
+    original = at.train_bpe
+    monkeypatch.setattr(at, "train_bpe", lambda *args: learned.append(args[1]) or original(*args))
+    for run in ("first", "second"):
+        assert train.main(["--out", str(tmp_path / run), *TINY_FLAGS, "--max-steps", "1"]) == 0
+    assert learned == [200]  # the second run learned nothing
+    first, second = ((tmp_path / run / "tokenizer.json").read_text() for run in ("first", "second"))
+    assert first == second == original(toy_pairs(), 200).to_str(pretty=True)
+    # the cache's folder names what the vocabulary depends on: other pairs, another folder
+    folder = helpers.tokenizer_cache_folder(toy_pairs())
+    assert folder.parent == helpers.default_tokenizer_cache()
+    assert helpers.tokenizer_cache_folder(toy_pairs()[1:]) != folder
+    monkeypatch.setattr(helpers.hf_tokenizers, "__version__", "0.0.0")
+    assert helpers.tokenizer_cache_folder(toy_pairs()) != folder  # another tokenizers library
 
 
 @pytest.mark.parametrize("capability", [(7, 0), (7, 5), (8, 0), (9, 0)])  # V100 T4 A100 H100
