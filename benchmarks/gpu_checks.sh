@@ -3,12 +3,13 @@
 #   1. the default command on a GPU (python code/train.py --device cuda: the multi30k recipe,
 #      float32 with TF32 products, every step replayed as a CUDA graph), timed from start to
 #      end, then scored as §6.1 scores (beam 4, average of the last 5);
-#   2. the first 500 steps of the same recipe in each path, with and without the buckets
-#      that bound the batch shapes: eager float32, eager bf16, graphs bf16, compiled bf16;
-#   3. the decoding benchmark of the base and small models (greedy and beam, with and
-#      without the key/value cache).
-# results/multi30k-graphs, results/gpu-first-steps and benchmarks/results/cuda.json come
-# from these commands, run on an H100.
+#   2. the first 500 steps of the same recipe in each path, each command timed from start to
+#      end: eager float32 and bf16 with and without the buckets that bound the batch shapes,
+#      graphs in float32 and bf16, and bf16 compiled with dynamic shapes;
+#   3. the base model's training step at the paper's batch (about 25000 target tokens),
+#      eager, graphed, compiled and both, with the benchmark's FLOP count and MFU.
+# results/multi30k-graphs and results/gpu-first-steps come from these commands; train logs
+# seconds of the GPU's time (it waits for the GPU before it reads its clock).
 #
 #   MULTI30K_DIR=/path/to/multi30k OUT=/tmp/gpu bash benchmarks/gpu_checks.sh
 #
@@ -25,9 +26,10 @@ mkdir -p "$OUT" "$LOGS"
 stage() {  # stage NAME SECONDS COMMAND...: run it, log it, print how it ended
     local name=$1 limit=$2
     shift 2
-    local started=$SECONDS
+    local started
+    started=$(date +%s%N)
     timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
-    echo "== $name: exit $? after $((SECONDS - started)) s"
+    echo "== $name: exit $? after $((($(date +%s%N) - started) / 1000000)) ms (limit $limit s)"
     grep -a -o "step [0-9]*: loss[^,]*, nll[^,]*, lr[^,]*, [0-9.]* s" "$LOGS/$name.log" | tail -n 5
     tail -n 2 "$LOGS/$name.log" | cut -c 1-300
     tar -czf "$OUT/logs.tar.gz" -C "$RUNS" logs
@@ -36,22 +38,21 @@ stage() {  # stage NAME SECONDS COMMAND...: run it, log it, print how it ended
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
 
-stage default 150 $PY code/train.py --out "$RUNS/default" --device cuda --eval-every 2000 \
-    --log-every 100
+stage default 100 $PY code/train.py --out "$RUNS/default" --device cuda
 cp "$RUNS/default/train.log" "$LOGS/default-train.log" 2>/dev/null
-stage evaluate 100 $PY code/evaluate.py --run "$RUNS/default" --out "$RUNS/default-results" \
+stage evaluate 70 $PY code/evaluate.py --run "$RUNS/default" --out "$RUNS/default-results" \
     --average 5 --batch-size 500
 cp "$RUNS/default-results/evaluation.json" "$OUT/default-evaluation.json" 2>/dev/null
 cp "$RUNS/default-results/metrics.json" "$OUT/default-metrics.json" 2>/dev/null
 FIRST="--device cuda --max-steps 500 --no-validation --log-every 100 --checkpoint-every 100"
-for path in "off --no-cuda-graphs" "bf16 --no-cuda-graphs" "bf16 --cuda-graphs"; do
-    for buckets in --buckets --no-buckets; do
-        [ "$path" = "bf16 --cuda-graphs" ] && [ $buckets = --no-buckets ] && continue
-        name=$(echo "first $path $buckets" | tr -d '-' | tr ' ' '_')
-        stage "$name" 75 $PY code/train.py --out "$RUNS/$name" $FIRST --amp $path $buckets
-    done
-done
-stage first_bf16_compile_buckets 100 $PY code/train.py --out "$RUNS/compiled" $FIRST \
-    --amp bf16 --compile inductor --no-cuda-graphs
-stage benchmark 120 $PY code/benchmark.py --device cuda --config base small --rounds 3 \
-    --min-seconds 0.2 --out "$OUT/cuda.json"
+stage first_off_eager_buckets 45 $PY code/train.py --out "$RUNS/f1" $FIRST --amp off --no-cuda-graphs --buckets
+stage first_off_eager_nobuckets 45 $PY code/train.py --out "$RUNS/f2" $FIRST --amp off --no-cuda-graphs --no-buckets
+stage first_bf16_eager_buckets 50 $PY code/train.py --out "$RUNS/f3" $FIRST --amp bf16 --no-cuda-graphs --buckets
+stage first_bf16_eager_nobuckets 50 $PY code/train.py --out "$RUNS/f4" $FIRST --amp bf16 --no-cuda-graphs --no-buckets
+stage first_bf16_graphs_buckets 45 $PY code/train.py --out "$RUNS/f5" $FIRST --amp bf16 --cuda-graphs --buckets
+stage first_off_graphs_buckets 45 $PY code/train.py --out "$RUNS/f6" $FIRST --amp off --cuda-graphs --buckets
+stage first_bf16_compile_buckets 110 $PY code/train.py --out "$RUNS/f7" $FIRST --amp bf16 \
+    --compile inductor --no-cuda-graphs --buckets
+stage benchmark 300 $PY code/benchmark.py --device cuda --config base-25k --compile \
+    --compile-mode max-autotune-no-cudagraphs --no-decoding --rounds 3 --warmup 2 \
+    --out "$OUT/cuda-base-25k.json"

@@ -925,6 +925,23 @@ def test_validation_during_training_is_logged_and_stored_with_snapshots(tmp_path
     assert all("nll" in h for h in metrics["history"])
 
 
+def test_validating_more_or_less_often_trains_the_same_weights(tmp_path):
+    # why a profile may validate at whatever interval suits the device: validation reads the
+    # model in eval mode and draws no random numbers, so the updates are the same
+    tokenizer, weights = at.train_bpe(toy_pairs(), 200), []
+    for every in (1, 4, 0):  # validation at every step, twice, never
+        config = dataclasses.replace(TINY, max_steps=8, eval_every=every or 8, bleu_sentences=5)
+        val = toy_pairs(10, seed=5) if every else None
+        model, _, _ = training.train(
+            config, toy_pairs(), tmp_path / str(every), tokenizer, val, log=quiet
+        )
+        weights.append(model.state_dict())
+    metrics = json.loads((tmp_path / "1" / "metrics.json").read_text())
+    assert len(metrics["validation"]) == 8
+    for other in weights[1:]:
+        assert all(torch.equal(weights[0][name], other[name]) for name in weights[0])
+
+
 def test_a_given_tokenizer_is_used_and_not_retrained(tmp_path, monkeypatch):
     tokenizer = at.train_bpe(toy_pairs(), 200)
     monkeypatch.setattr(training, "train_bpe", lambda *a, **k: pytest.fail("retrained the BPE"))
