@@ -43,7 +43,7 @@ def parse_args(argv=None):
         "--profile",
         choices=sorted(training.PROFILES),
         default="multi30k",
-        help="multi30k (default): the recipe chosen on validation data (hours on a CPU, "
+        help="multi30k (default): the recipe chosen on validation data (hours on a CPU, about "
         "a minute on a GPU); fast: a translator in fifteen minutes of training on two CPU "
         "cores (a time budget, the rate annealed to its end); quick: a small model the "
         "chapters train live on a CPU; base: the paper's base model fitted to Multi30k, for a "

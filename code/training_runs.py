@@ -13,6 +13,7 @@ import os
 import pathlib
 import platform
 import socket
+import statistics
 import time
 import typing
 import warnings
@@ -94,27 +95,28 @@ def native_bf16(device):
         return False
 
 
-def race_precisions(config, corpus, vocab, steps=3):
+def race_precisions(config, corpus, vocab, rounds=5):
     """float32 (None) or bfloat16, whichever trains this recipe faster on this CPU: a
-    scratch model takes one warm-up and `steps` timed updates in each, on the first
-    batches of the run's first epoch (and without native bfloat16, float32 untimed). The
-    random state is left as it was."""
+    scratch model in each takes one warm-up update, then `rounds` rounds in which the two
+    take turns, one timed update each on the same batch of the run's first epoch; the
+    faster median wins, so that a moment's slowdown of the machine decides nothing.
+    Without native bfloat16, float32, untimed. The random state is left as it was."""
     if not native_bf16("cpu"):
         return None
-    plan = epoch_updates(corpus, config, epoch=0)[: steps + 1]
-    batches = [corpus.batch(indices) for indices, *_ in plan] * (steps + 1)  # a short epoch
-    batches = batches[: steps + 1]  # repeats its batches
-    seconds = {}
+    plan = epoch_updates(corpus, config, epoch=0)[: rounds + 1]
+    batches = [corpus.batch(indices) for indices, *_ in plan]
+    seconds = {None: [], torch.bfloat16: []}
     with torch.random.fork_rng():
-        for amp in (None, torch.bfloat16):
-            run = RunState.new(config, vocab, amp=amp)
-            for i, batch in enumerate(batches):
-                if i == 1:
-                    started = time.perf_counter()
+        runs = {amp: RunState.new(config, vocab, amp=amp) for amp in seconds}
+        for i in range(rounds + 1):  # round 0 warms each up, untimed
+            batch = batches[i % len(batches)]  # a short epoch repeats its batches
+            for amp, run in runs.items():
+                started = time.perf_counter()
                 args = run.optimizer, run.scheduler, run.scaler, config.smoothing
                 train_step_amp(run.model, batch, *args, amp=amp).tolist()
-            seconds[amp] = time.perf_counter() - started
-    return min(seconds, key=seconds.get)
+                if i:
+                    seconds[amp].append(time.perf_counter() - started)
+    return min(seconds, key=lambda amp: statistics.median(seconds[amp]))
 
 
 def cpu_model():
