@@ -383,9 +383,7 @@ def profile_data(bench, cache=None):
     (learned once, then read from `cache`/<digest of the pairs>/), and choose its batches."""
     config = training.PROFILES[bench.profile]
     pairs = profile_pairs(bench)
-    folder = helpers.tokenizer_cache_folder(pairs, cache)
-    folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = helpers.tokenizers(pairs, folder)(config.vocab_size)
+    tokenizer = helpers.cached_tokenizer(pairs, config.vocab_size, cache)
     corpus = at.EncodedCorpus.from_pairs(pairs, tokenizer)
     chosen = spread_batches(corpus.lengths, config.max_tokens, bench.batches, config.seed)
     epoch = len(at.batch_by_tokens(corpus.lengths, config.max_tokens, config.seed))

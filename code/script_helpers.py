@@ -373,6 +373,14 @@ def tokenizer_cache_folder(pairs, cache=None):
     return pathlib.Path(cache or default_tokenizer_cache()) / digest[:16]
 
 
+def cached_tokenizer(pairs, vocab_size, cache=None):
+    """The BPE vocabulary of this size learned from `pairs`: read from its folder of `cache`
+    (tokenizer_cache_folder) when an earlier run learned it, else learned and kept there."""
+    folder = tokenizer_cache_folder(pairs, cache)
+    folder.mkdir(parents=True, exist_ok=True)
+    return tokenizers(pairs, folder)(vocab_size)
+
+
 def pairs_digest(pairs):
     """SHA-256 of sentence pairs, in hex."""
     digest = hashlib.sha256()

@@ -86,9 +86,7 @@ def main(argv=None):
     val_pairs = None if args.no_validation else helpers.load_multi30k("val", data_dir=args.data_dir)
     tokenizer = None  # a resumed run reads its vocabulary from its checkpoint
     if not args.resume:  # learned once per set of pairs and size, then read
-        folder = helpers.tokenizer_cache_folder(pairs, args.tokenizer_cache)
-        folder.mkdir(parents=True, exist_ok=True)
-        tokenizer = helpers.tokenizers(pairs, folder)(config.vocab_size)
+        tokenizer = helpers.cached_tokenizer(pairs, config.vocab_size, args.tokenizer_cache)
     device = start_distributed(args.device)
     rank, world = training.distributed_rank_and_size()
     # only rank 0 writes the log; tqdm.write puts a message above the progress bar

@@ -581,8 +581,9 @@ def validate(model, corpus, pairs, tokenizer):
     number of decoding steps, hardly its width."""
     model = unwrap(model)
     training, loss = model.training, validation_loss(model, corpus)
-    width = len(pairs) if corpus.src.device.type == "cuda" else 64  # 64: translate's default
-    greedy = dict(beam_size=1, batch_size=width, decode=fast_decode_batch)
+    greedy = dict(beam_size=1, decode=fast_decode_batch)  # in translate's batches on a CPU
+    if corpus.src.device.type == "cuda":
+        greedy["batch_size"] = len(pairs)
     bleu = evaluate_bleu(model, tokenizer, pairs, **greedy)
     model.train(training)
     return {

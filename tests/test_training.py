@@ -843,17 +843,17 @@ def test_a_resume_in_another_precision_is_refused_and_fastest_keeps_the_saved_on
     assert "amp fastest: bfloat16 (the checkpoint)" in messages and len(history) == 8
 
 
-def test_a_moment_of_slowdown_during_the_race_does_not_flip_it(monkeypatch):
-    # float32 takes 2 s an update, bf16 1 s, but one bf16 update is held up for 20 s: the
-    # machine paused. Summed, bf16 would lose; its median still wins.
+def fake_race_clock(monkeypatch, seconds_of):
+    """Make the CPU race its precisions on a fake clock that each update advances by
+    seconds_of(amp, calls) (calls: the precisions of the updates so far, this one included),
+    with native bfloat16. Returns (clock, calls, race), race() racing TINY on the toy pairs."""
     clock, calls = [0.0], []
     monkeypatch.setattr(training.time, "perf_counter", lambda: clock[0])
     original = training.train_step_amp
 
     def timed(*args, amp=None, **kwargs):
         calls.append(amp)
-        held_up = amp is torch.bfloat16 and calls.count(amp) == 3
-        clock[0] += 20.0 if held_up else 1.0 if amp is torch.bfloat16 else 2.0
+        clock[0] += seconds_of(amp, calls)
         return original(*args, amp=amp, **kwargs)
 
     monkeypatch.setattr(training, "train_step_amp", timed)
@@ -861,32 +861,30 @@ def test_a_moment_of_slowdown_during_the_race_does_not_flip_it(monkeypatch):
     pairs = toy_pairs()
     tokenizer = at.train_bpe(pairs, TINY.vocab_size)
     corpus = at.EncodedCorpus.from_pairs(pairs, tokenizer)
-    assert training.race_precisions(TINY, corpus, tokenizer.get_vocab_size()) is torch.bfloat16
+    return clock, calls, lambda: training.race_precisions(TINY, corpus, tokenizer.get_vocab_size())
+
+
+def test_a_moment_of_slowdown_during_the_race_does_not_flip_it(monkeypatch):
+    # float32 takes 2 s an update, bf16 1 s, but one bf16 update is held up for 20 s: the
+    # machine paused. Summed, bf16 would lose; its median still wins.
+    def seconds_of(amp, calls):
+        held_up = amp is torch.bfloat16 and calls.count(amp) == 3
+        return 20.0 if held_up else 1.0 if amp is torch.bfloat16 else 2.0
+
+    _, calls, race = fake_race_clock(monkeypatch, seconds_of)
+    assert race() is torch.bfloat16
     assert calls == [None, torch.bfloat16] * 6  # turns: a warm-up round, then 5 timed ones
 
 
 @pytest.mark.parametrize("slower", [None, torch.bfloat16])
 def test_fastest_keeps_the_precision_whose_steps_take_less_time(slower, tmp_path, monkeypatch):
-    clock = [0.0]
-    monkeypatch.setattr(training.time, "perf_counter", lambda: clock[0])
-    original = training.train_step_amp
-
-    def timed(*args, amp=None, **kwargs):
-        clock[0] += 2.0 if amp is slower else 1.0
-        return original(*args, amp=amp, **kwargs)
-
-    monkeypatch.setattr(training, "train_step_amp", timed)
-    monkeypatch.setattr(training, "native_bf16", lambda device: True)
-    pairs = toy_pairs()
-    tokenizer = at.train_bpe(pairs, TINY.vocab_size)
-    corpus = at.EncodedCorpus.from_pairs(pairs, tokenizer)
+    clock, _, race = fake_race_clock(monkeypatch, lambda amp, _: 2.0 if amp is slower else 1.0)
     state = torch.get_rng_state()
-    faster = training.race_precisions(TINY, corpus, tokenizer.get_vocab_size())
-    assert faster is (torch.bfloat16 if slower is None else None)
+    assert race() is (torch.bfloat16 if slower is None else None)
     assert torch.equal(torch.get_rng_state(), state)  # the run's initial weights are unchanged
     monkeypatch.setattr(training, "native_bf16", lambda device: False)  # emulated: float32, untimed
     clock[0] = 0.0
-    assert training.race_precisions(TINY, corpus, tokenizer.get_vocab_size()) is None
+    assert race() is None
     assert clock[0] == 0.0
 
 
