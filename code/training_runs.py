@@ -355,13 +355,14 @@ PROFILES = {
     # steps as fit in 885 s of training (a margin under 900 s for the pace to vary), the
     # rate cooled down to zero over the last fifth of those after warm-up, and §5.4's
     # dropout: a faster machine makes more steps, and more steps make a better model, not an
-    # overfitted one
+    # overfitted one. A rate factor of 0.5, not multi30k's 0.33 (chosen for 8000 steps of
+    # batches twice as large): on val, +2.3 and +1.3 BLEU at two seeds, a lower val loss
     "fast": RunConfig(
         model=replace(SMALL, N=2, h=8, d_ff=512, share_embeddings=True, fused=False),
         vocab_size=5000,
         max_tokens=1000,
         warmup_steps=400,
-        lr_factor=0.33,
+        lr_factor=0.5,
         weight_decay=0.1,
         smoothing=0.1,
         anneal=0.2,
