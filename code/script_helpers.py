@@ -51,10 +51,11 @@ def integer_at_least(minimum):
 
     def parse(text):
         try:
-            at.positive_int("value", int(text) - minimum + 1)
+            value = int(text)
+            at.positive_int("value", value - minimum + 1)
         except ValueError:  # not an integer (int's error) or too small (at.InputError)
             raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
-        return int(text)
+        return value
 
     return parse
 
