@@ -1,10 +1,11 @@
-"""Score a training run the way §6.1 does: greedy and beam search, the last weights and the
-average of the last checkpoints, sacreBLEU on Multi30k val and test2016.
+"""Score a training run by the book's one rule (code/scoring.py, chapter 6.1): greedy and
+beam search, the last weights and the average of the last checkpoints, sacreBLEU on
+Multi30k val and test2016, every hypothesis stored.
 
     python code/evaluate.py --run runs/multi30k --out results/multi30k
     python code/evaluate.py --run runs/base --out results/base --device cuda
-    python code/evaluate.py --run runs/fast --out results/fast --average 10 \
-        --alpha 0.6,0.7,0.8,0.9,1.0,1.1,1.2,1.3,1.4,1.5
+    python code/evaluate.py --run runs/fast --out results/fast --average 10
+    python code/evaluate.py --stored results/multi30k     # a stored average, its run gone
 
 Reads RUN/checkpoint-<step>.pt (the snapshots code/train.py keeps) and RUN/checkpoint.pt
 (the training time, the loss history, the validations), and never writes there; writes,
@@ -14,9 +15,14 @@ load_checkpoint reads back into float32),
 evaluation.json (the table, sacreBLEU's signature, sample translations, steps, training
 time, hardware) and metrics.json (the training loss, averaged over every 10 steps, and the
 validations made during training). Only val should guide choices; test2016 is reported.
-Given several length penalties (--alpha), it scores the averaged weights with beam 4 on val
-at each, keeps the best, and decodes every beam row at that one, as §6.1 chose its alpha
-"after experimentation on the development set".
+Beam 4 runs at each length penalty of scoring.ALPHA_GRID (or --alpha) with the averaged
+weights on val; the best is kept, every beam row is decoded at that one, as §6.1 chose its
+alpha "after experimentation on the development set", and averaged.pt records it, so that
+translate.py decodes by the same rule. Every row's hypotheses go to OUT/hypotheses/
+(scoring.hypotheses_path), for code/compare.py's paired tests.
+With --stored FOLDER instead of --run: score FOLDER/averaged.pt, whose run folder is gone,
+by the same rule (the averaged weights only), keeping what FOLDER/evaluation.json records of
+the run (its steps, training time, hardware, config).
 """
 
 import argparse
@@ -29,6 +35,7 @@ import torch
 import annotated_transformer as at
 import fast_decoding as fd
 import safe_files
+import scoring
 import script_helpers as helpers
 import training_runs as training
 
@@ -37,15 +44,20 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--run", type=helpers.given_path, required=True, help="a train.py --out folder"
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run", type=helpers.given_path, help="a train.py --out folder")
+    source.add_argument(
+        "--stored",
+        type=helpers.given_path,
+        help="a results folder whose averaged.pt and evaluation.json outlived their run: "
+        "score the averaged weights again, by the same rule, into the same folder",
     )
     parser.add_argument(
         "--out",
         type=helpers.given_path,
-        required=True,
-        help="folder for the results (not the run's)",
+        help="folder for the results (not the run's); required with --run",
     )
+    helpers.add_data_dir_flag(parser)
     parser.add_argument(
         "--average", type=helpers.positive_int, default=5, help="snapshots to average (§6.1: 5)"
     )
@@ -60,9 +72,9 @@ def parse_args(argv=None):
         "--alpha",
         dest="alphas",
         type=helpers.non_negative_floats,
-        default=(0.6,),
-        help="the length penalty of beam search (§6.1: 0.6), or several separated by commas: "
-        "the one whose averaged weights score best on val",
+        default=scoring.ALPHA_GRID,
+        help="the length penalties of beam search to try on val, separated by commas (default: "
+        "the book's one grid, 0.6 to 1.5); the one whose averaged weights score best is kept",
     )
     parser.add_argument(
         "--dtype",
@@ -81,7 +93,12 @@ def parse_args(argv=None):
         help="score the run as it stood after this many hours of training: only the snapshots "
         "written by then (a run that kept them all, --keep-checkpoints)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.run and args.out is None:
+        parser.error("--run needs --out, a folder for the results")
+    if args.stored and (args.out or args.within_hours):
+        parser.error("--stored scores into its own folder: leave out --out and --within-hours")
+    return args
 
 
 def smoothed_history(history, every=10):
@@ -104,6 +121,11 @@ def smoothed_history(history, every=10):
 @helpers.user_errors_exit_2("evaluate.py")
 def main(argv=None):
     args = parse_args(argv)
+    settings = ("alphas", "device", "batch_size", "limit", "data_dir")
+    if args.stored:
+        with training.RunFolder(args.stored, resume=True):
+            rescore(args.stored, **{k: vars(args)[k] for k in settings})
+        return 0
     snapshots = training.snapshot_paths(args.run)
     if not snapshots:
         raise FileNotFoundError(f"no checkpoint-<step>.pt in {args.run}: not a training run")
@@ -113,7 +135,7 @@ def main(argv=None):
         snapshots, until = [path for path, _ in kept], kept[-1][1]
     helpers.own_folder(args.out, args.run)
     with training.RunFolder(args.out, resume=True):
-        settings = ("average", "alphas", "device", "batch_size", "limit", "dtype", "hardware")
+        settings += ("average", "dtype", "hardware")
         evaluate(args.run, args.out, snapshots, until=until, **{k: vars(args)[k] for k in settings})
     return 0
 
@@ -137,7 +159,7 @@ def snapshots_within(snapshots, seconds):
     return kept
 
 
-def choose_alpha(model, tokenizer, pairs, alphas, batch_size=64):
+def choose_alpha(model, tokenizer, pairs, *, alphas, batch_size=64):
     """The length penalty, of `alphas`, under which beam 4 scores best on `pairs` (val; the
     first of equals), and every alpha's score and length ratio (hypotheses' length over
     the references'): (alpha, [{"alpha", "sacreBLEU", "length ratio"}])."""
@@ -158,10 +180,12 @@ def choose_alpha(model, tokenizer, pairs, alphas, batch_size=64):
     return best["alpha"], scores
 
 
-def score_table(weights, sets, alpha, device, batch_size):
+def score_table(weights, sets, *, alpha, device, batch_size, out):
     """Greedy and beam 4 (length penalty `alpha`) for each (label, checkpoint path) of
-    `weights` on each split of `sets`: (rows of the table, sacreBLEU's signature, the
-    samples: the first 10 test2016 translations, beam 4, of the last of `weights`)."""
+    `weights` on each split of `sets`, every row's hypotheses stored in `out`
+    (scoring.write_hypotheses; "last" is stored as last, any other label as averaged):
+    (rows of the table, sacreBLEU's signature, the samples: the first 10 test2016
+    translations, beam 4, of the last of `weights`)."""
     rows, samples, signature = [], [], None
     for label, path in weights:
         model, tokenizer = at.load_checkpoint(path, device)
@@ -179,7 +203,15 @@ def score_table(weights, sets, alpha, device, batch_size):
                         "weights": label,
                         "sacreBLEU": scores["bleu"],
                         "lowercased BLEU": scores["bleu_lowercase"],
+                        "length ratio": scores["length_ratio"],
                     }
+                )
+                scoring.write_hypotheses(
+                    out,
+                    scores["hypotheses"],
+                    split=split,
+                    decoding="greedy" if beam_size == 1 else "beam",
+                    weights="last" if label == "last" else "averaged",
                 )
                 print(f"{split:9} {decoding:18} {label:18} {scores['bleu']:6.2f}", flush=True)
                 if split == "test2016" and beam_size == 4:
@@ -188,6 +220,66 @@ def score_table(weights, sets, alpha, device, batch_size):
                         for (s, t), h in zip(pairs[:10], scores["hypotheses"])
                     ]
     return rows, signature, samples
+
+
+def scored_sets(limit=None, data_dir=None):
+    """Multi30k val and test2016 (the first `limit` pairs of each when given)."""
+    return {
+        split: helpers.load_multi30k(split, data_dir=data_dir)[:limit] for split in scoring.SPLITS
+    }
+
+
+def store_alpha(path, alpha):
+    """Record in a checkpoint the length penalty val chose for it, which translate.py reads
+    (the weights are written back unchanged)."""
+    payload = at.read_checkpoint(path)
+    payload.pop("format", None)
+    at.save_checkpoint(path, {**payload, "alpha": alpha})
+
+
+def rescore(folder, *, alphas, device="cpu", batch_size=64, limit=None, data_dir=None):
+    """Score folder/averaged.pt by the protocol (its run and last weights are gone): the alpha
+    val chooses from `alphas`, greedy and beam on val and test2016, hypotheses stored, the
+    alpha recorded in averaged.pt; folder/evaluation.json keeps its record of the run."""
+    folder = pathlib.Path(folder)
+    averaged_path, evaluation_path = folder / "averaged.pt", folder / "evaluation.json"
+    for path in (averaged_path, evaluation_path):
+        if not path.is_file():
+            raise FileNotFoundError(f"--stored needs {path}; score a run with --run instead")
+    record = json.loads(evaluation_path.read_text())
+    sets = scored_sets(limit, data_dir)
+    model, tokenizer = at.load_checkpoint(averaged_path, device)
+    alpha, alpha_on_val = choose_alpha(
+        model, tokenizer, sets["val"], alphas=alphas, batch_size=batch_size
+    )
+    label = f"average of last {len(record['averaged_steps'])}"
+    rows, signature, samples = score_table(
+        ((label, averaged_path),),
+        sets,
+        alpha=alpha,
+        device=device,
+        batch_size=batch_size,
+        out=folder,
+    )
+    store_alpha(averaged_path, alpha)
+    for split, decoding, weights in scoring.stored_settings(folder):
+        if weights == "last":  # decoded by another rule, and not in the new table
+            scoring.hypotheses_path(
+                folder, split=split, decoding=decoding, weights=weights
+            ).unlink()
+    kept = {k: v for k, v in record.items() if k not in ("alpha", "alpha_on_val", "results")}
+    evaluation = {
+        **kept,
+        "signature": signature,
+        "sentences": {split: len(pairs) for split, pairs in sets.items()},
+        "alpha": alpha,
+        "alpha_on_val": alpha_on_val,
+        "last weights": "not kept: the run's snapshots were not stored with the book",
+        "results": rows,
+        "samples": samples,
+    }
+    safe_files.write_json(evaluation_path, evaluation)
+    print(f"wrote {evaluation_path} and {folder / 'hypotheses'}")
 
 
 def trained_on(run):
@@ -215,21 +307,23 @@ def evaluate(
     run,
     out,
     snapshots,
+    *,
     average=5,
-    alphas=(0.6,),
+    alphas=scoring.ALPHA_GRID,
     device="cpu",
     batch_size=64,
     limit=None,
     dtype="float16",
     hardware=None,
     until=None,
+    data_dir=None,
 ):
     """Score the training run in folder `run` into folder `out`: greedy and beam 4 on the
     last of `snapshots` and on the average of the last `average` (stored as out/averaged.pt
-    in `dtype`), on the first `limit` sentences (all when None) of val and test2016; beam 4
-    with the one of `alphas` that scores best on val with the averaged weights.
-    `until`, the validation figures of a snapshot, describes the run as it stood then.
-    Writes out/evaluation.json and out/metrics.json."""
+    in `dtype`, with the alpha val chose), on the first `limit` sentences (all when None)
+    of val and test2016; beam 4 with the one of `alphas` that scores best on val with the
+    averaged weights. `until`, the validation figures of a snapshot, describes the run as
+    it stood then. Writes out/evaluation.json, out/metrics.json and out/hypotheses/."""
     run, out = pathlib.Path(run), pathlib.Path(out)
     averaged_path = out / "averaged.pt"
     averaged = at.average_checkpoints(snapshots[-average:])
@@ -241,13 +335,18 @@ def evaluate(
         averaged["model"][name] = stored[tensor.data_ptr()]
     at.save_checkpoint(averaged_path, averaged)
     label = f"average of last {len(averaged['averaged_steps'])}"
-    sets = {split: helpers.load_multi30k(split)[:limit] for split in ("val", "test2016")}
+    sets = scored_sets(limit, data_dir)
     alpha, alpha_on_val = alphas[0], None
     if len(alphas) > 1:  # test2016 is only ever decoded at the alpha val chose
         model, tokenizer = at.load_checkpoint(averaged_path, device)
-        alpha, alpha_on_val = choose_alpha(model, tokenizer, sets["val"], alphas, batch_size)
+        alpha, alpha_on_val = choose_alpha(
+            model, tokenizer, sets["val"], alphas=alphas, batch_size=batch_size
+        )
+    store_alpha(averaged_path, alpha)
     weights = (("last", snapshots[-1]), (label, averaged_path))
-    rows, signature, samples = score_table(weights, sets, alpha, device, batch_size)
+    rows, signature, samples = score_table(
+        weights, sets, alpha=alpha, device=device, batch_size=batch_size, out=out
+    )
     state, seconds = run_state(run, until)
     evaluation = {
         "run": str(run),
@@ -272,7 +371,7 @@ def evaluate(
         "validation": state.get("validations", []),
     }
     safe_files.write_json(out / "metrics.json", metrics)
-    print(f"wrote {out / 'evaluation.json'} and {out / 'metrics.json'}")
+    print(f"wrote {out / 'evaluation.json'}, {out / 'metrics.json'} and {out / 'hypotheses'}")
 
 
 if __name__ == "__main__":

@@ -165,7 +165,7 @@ def export(checkpoint, out, examples):
         "bos_id": at.BOS_ID,
         "eos_id": at.EOS_ID,
         "beam_size": 4,
-        "alpha": 0.6,
+        "alpha": helpers.recorded_alpha(checkpoint),  # the one val chose for it
         "extra_length": 50,  # §6.1: at most input length + 50 output tokens
         "max_source_tokens": min(model.src_embed[1].max_len, model.tgt_embed[1].max_len - 50),
         "heads": model.decoder.layers[-1].src_attn.h,

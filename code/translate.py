@@ -8,8 +8,10 @@ line; translations on standard output or into a file, one line for each input li
     python code/translate.py --input test2016.de --reference test2016.en > hypotheses.en
 
 By default: the averaged weights that ship in results/multi30k/averaged.pt, beam search with
-beam 4 and length penalty 0.6 (§6.1), batches of sentences of similar length, the GPU when
-there is one. An empty input line gives an empty output line, so files stay aligned. With
+beam 4 and the length penalty that val chose for the checkpoint (evaluate.py records it in
+averaged.pt; §6.1's 0.6 for a checkpoint that records none), batches of sentences of similar
+length, the GPU when there is one. An empty input line gives an empty output line, so files
+stay aligned. With
 --reference, the translations are scored as evaluate.py scores them (chapter 6.1's
 evaluate_bleu: sacreBLEU, cased) and the score, its signature and the length ratio go to
 standard error, so that standard output carries only translations. Bad input (bytes that
@@ -54,8 +56,9 @@ def parse_args(argv=None):
     parser.add_argument(
         "--alpha",
         type=helpers.non_negative_float,
-        default=0.6,
-        help="length penalty of beam search (default: 0.6)",
+        default=None,
+        help="length penalty of beam search (default: the one val chose for the checkpoint, "
+        "which evaluate.py records in it; 0.6, §6.1's, where none is recorded)",
     )
     parser.add_argument(
         "--batch-size", type=helpers.positive_int, default=64, help="sentences per batch"
@@ -152,6 +155,7 @@ def main(argv=None):
     if args.output is not None and args.output.is_dir():
         raise at.InputError(f"--output {args.output} is a folder; name a file")
     model, tokenizer = load_translator(args.checkpoint, args.device)
+    alpha = helpers.recorded_alpha(args.checkpoint) if args.alpha is None else args.alpha
     beam_size = 1 if args.greedy else args.beam_size
     quiet = args.quiet or bool(args.sentences) or not sys.stderr.isatty()
     blank = sum(not sentence.strip() for sentence in sentences)  # nothing to translate
@@ -165,7 +169,7 @@ def main(argv=None):
             return out
 
         try:
-            options = beam_size, args.alpha, args.batch_size, decode
+            options = beam_size, alpha, args.batch_size, decode
             translations, score = translate_and_score(
                 model, tokenizer, sentences, references, *options
             )

@@ -5,11 +5,13 @@ import dataclasses
 import json
 
 import pytest
+import sacrebleu
 import torch
 
 import annotated_transformer as at
 import evaluate
 import fast_decoding as fd
+import scoring
 import script_helpers as helpers
 import training_runs as training
 from toy import TINY, quiet, toy_pairs
@@ -52,7 +54,8 @@ def test_evaluate_of_a_folder_without_snapshots_says_so(tmp_path, capsys):
 
 
 def test_evaluate_command_line_writes_the_table(tiny_run, tmp_path, short_outputs):
-    assert evaluate.main(["--run", str(tiny_run), "--out", str(tmp_path), "--average", "2"]) == 0
+    flags = ["--average", "2", "--alpha", "0.6"]
+    assert evaluate.main(["--run", str(tiny_run), "--out", str(tmp_path), *flags]) == 0
     evaluation = json.loads((tmp_path / "evaluation.json").read_text())
     assert evaluation["steps"] == 6 and evaluation["averaged_steps"] == [3, 6]
     seconds = torch.load(tiny_run / "checkpoint.pt", weights_only=True)["seconds"]
@@ -103,8 +106,30 @@ def test_evaluate_refuses_alphas_that_are_not_finite_numbers_at_least_zero(value
     assert "--alpha: must be finite numbers >= 0 separated by commas" in capsys.readouterr().err
 
 
+def test_every_row_stores_its_hypotheses_and_they_score_as_the_table_says(
+    tiny_run, tmp_path, short_outputs
+):
+    evaluate.evaluate(tiny_run, tmp_path, training.snapshot_paths(tiny_run), alphas=(0.6,))
+    evaluation = json.loads((tmp_path / "evaluation.json").read_text())
+    references = [t for _, t in helpers.load_multi30k("val")]  # toy pairs, the same for both
+    assert len(scoring.stored_settings(tmp_path)) == len(evaluation["results"]) == 8
+    for row in evaluation["results"]:
+        setting = {
+            "split": row["set"],
+            "decoding": "greedy" if row["decoding"] == "greedy" else "beam",
+            "weights": "last" if row["weights"] == "last" else "averaged",
+        }
+        hypotheses = scoring.read_hypotheses(tmp_path, **setting)
+        assert len(hypotheses) == len(references)
+        rescored = sacrebleu.corpus_bleu(hypotheses, [references]).score  # sacreBLEU itself
+        assert round(rescored, 2) == row["sacreBLEU"], setting
+
+
 def test_evaluate_reads_one_alpha_or_several():
-    assert evaluate.parse_args(["--run", "r", "--out", "o"]).alphas == (0.6,)  # §6.1's
+    # the book's one grid by default: 0.6 (§6.1's) to 1.5
+    grid = (0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5)
+    assert evaluate.parse_args(["--run", "r", "--out", "o"]).alphas == grid
+    assert evaluate.parse_args(["--run", "r", "--out", "o", "--alpha", "0.6"]).alphas == (0.6,)
     assert evaluate.parse_args(["--run", "r", "--out", "o", "--alpha", "1,0.5"]).alphas == (
         1.0,
         0.5,
@@ -145,6 +170,52 @@ def test_evaluate_decodes_test_only_at_the_alpha_that_val_chose(
     assert {alpha for _, beam, alpha in calls[3:] if beam == 4} == {0.9}
     assert ("test2016", 4, 1.2) not in calls and ("test2016", 4, 0.6) not in calls
     assert {r["decoding"] for r in evaluation["results"]} == {"greedy", "beam 4, alpha 0.9"}
+    # the averaged weights record val's choice, which translate.py decodes with by default
+    assert at.read_checkpoint(tmp_path / "averaged.pt")["alpha"] == 0.9
+    assert helpers.recorded_alpha(tmp_path / "averaged.pt") == 0.9
+    assert helpers.recorded_alpha(training.snapshot_paths(tiny_run)[-1]) == 0.6  # none: §6.1's
+
+
+def test_stored_scores_an_average_whose_run_is_gone_and_keeps_its_record(
+    tiny_run, tmp_path, short_outputs, monkeypatch
+):
+    evaluate.evaluate(tiny_run, tmp_path, training.snapshot_paths(tiny_run), alphas=(0.6,))
+    before = json.loads((tmp_path / "evaluation.json").read_text())
+    weights = at.read_checkpoint(tmp_path / "averaged.pt")["model"]
+    real = at.evaluate_bleu
+    made_up = {0.6: 20.0, 1.0: 22.0, 1.4: 21.0}  # val prefers 1.0
+
+    def scored(model, tokenizer, pairs, beam_size=4, alpha=0.6, batch_size=64, decode=None):
+        scores = real(model, tokenizer, pairs, beam_size, alpha, batch_size, decode)
+        return {**scores, "bleu": made_up[alpha]} if beam_size == 4 else scores
+
+    monkeypatch.setattr(at, "evaluate_bleu", scored)
+    assert evaluate.main(["--stored", str(tmp_path), "--alpha", "0.6,1.0,1.4"]) == 0
+    after = json.loads((tmp_path / "evaluation.json").read_text())
+    assert after["alpha"] == 1.0 and [a["alpha"] for a in after["alpha_on_val"]] == [0.6, 1.0, 1.4]
+    for key in ("steps", "averaged_steps", "train_seconds", "hardware", "config"):
+        assert after[key] == before[key], key
+    assert {r["weights"] for r in after["results"]} == {"average of last 2"}  # no last weights
+    assert {r["decoding"] for r in after["results"]} == {"greedy", "beam 4, alpha 1.0"}
+    # the last weights' hypotheses of the first scoring, at another alpha, are gone with them
+    assert {w for _, _, w in scoring.stored_settings(tmp_path)} == {"averaged"}
+    stored = at.read_checkpoint(tmp_path / "averaged.pt")
+    assert stored["alpha"] == 1.0
+    assert all(torch.equal(stored["model"][n], weights[n]) for n in weights)  # unchanged
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--run", "r"], "--run needs --out"),
+        (["--stored", "s", "--out", "o"], "--stored scores into its own folder"),
+        (["--run", "r", "--stored", "s", "--out", "o"], "not allowed with argument"),
+    ],
+)
+def test_evaluate_refuses_flags_that_do_not_go_together(flags, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        evaluate.parse_args(flags)
+    assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_evaluate_keeps_the_first_of_equal_alphas(tiny_run, tmp_path, short_outputs, monkeypatch):
