@@ -261,7 +261,7 @@ async function run(sentence) {
     last = await translate(model, sentence, page.decoding.value === "beam");
     const seconds = (performance.now() - start) / 1000;
     page.translation.textContent = last.text;
-    page.timing.textContent = `Translated in ${seconds.toFixed(2)} s (${page.decoding.value === "beam" ? "beam search, beam 4, α = 0.6" : "greedy decoding"}).`;
+    page.timing.textContent = `Translated in ${seconds.toFixed(2)} s (${page.decoding.value === "beam" ? `beam search, beam 4, α = ${model.settings.alpha}` : "greedy decoding"}).`;
     page.translation.dataset.seconds = seconds.toFixed(3);
     draw(last, page.head.value);
     say("");
@@ -280,6 +280,8 @@ async function main() {
     say(error.message, true);
     return;
   }
+  // the length penalty val chose for these weights (chapter 6.1), as the export recorded it
+  page.decoding.options[0].textContent = `beam search (4, α = ${model.settings.alpha})`;
   for (let h = 0; h < model.settings.heads; h++) {
     page.head.add(new Option(`head ${h + 1}`, String(h)));
   }

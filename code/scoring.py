@@ -159,3 +159,16 @@ def mean_and_sd(values):
         raise ScoringError("mean_and_sd needs at least one value")
     sd = statistics.stdev(values) if len(values) > 1 else math.nan
     return statistics.fmean(values), sd
+
+
+def holm(p_values):
+    """Holm's step-down correction of a family of p-values (Holm, 1979): the smallest is
+    multiplied by the family's size m, the next by m - 1, and so on, each kept at least as
+    large as the one before it and at most 1. A test passes at level a when its corrected
+    p-value is below a; the chance that any true null of the family is rejected stays <= a."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    corrected, running = [0.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        corrected[i] = running
+    return corrected

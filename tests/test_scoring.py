@@ -164,3 +164,11 @@ def test_compare_of_a_folder_without_hypotheses_says_what_to_run(tmp_path, monke
     (tmp_path / "old").mkdir()
     assert compare.main([str(base), str(tmp_path / "old")]) == 2
     assert "score each with python code/evaluate.py" in capsys.readouterr().err
+
+
+def test_holm_corrects_a_family_as_worked_by_hand():
+    # p-values 0.01, 0.04, 0.03, 0.5 (m = 4): sorted 0.01 x 4 = 0.04, 0.03 x 3 = 0.09,
+    # 0.04 x 2 = 0.08 -> kept at 0.09 (never below the previous), 0.5 x 1 = 0.5
+    assert scoring.holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
+    assert scoring.holm([0.3, 0.6]) == [0.6, 0.6]  # capped at 1 and monotone
+    assert scoring.holm([0.9, 0.8]) == [1.0, 1.0]

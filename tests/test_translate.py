@@ -4,6 +4,7 @@ chapter 6.1's evaluate_bleu computes it; bad
 input ends with one line on stderr, exit code 2 and no output file."""
 
 import io
+import json
 import os
 import pathlib
 import subprocess
@@ -21,6 +22,8 @@ import translate
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "code" / "translate.py"
 SHIPPED = ROOT / "results" / "multi30k" / "averaged.pt"
+# the length penalty val chose for the shipped weights, as chapter 6.1's table reports it
+SHIPPED_ALPHA = json.loads((SHIPPED.parent / "evaluation.json").read_text())["alpha"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -48,7 +51,7 @@ def val():
     return {
         "sources": sources,
         "references": [t for _, t in pairs],
-        "beam": at.translate(model, tokenizer, sources, beam_size=4),
+        "beam": at.translate(model, tokenizer, sources, beam_size=4, alpha=SHIPPED_ALPHA),
         "greedy": at.translate(model, tokenizer, sources, beam_size=1),
     }
 
@@ -99,6 +102,35 @@ def test_standard_input_and_small_batches_give_the_same_lines(val, monkeypatch, 
     assert translate.main(["--batch-size", "3"]) == 0
     out = capsys.readouterr().out
     assert out.split("\n") == with_blanks(val["beam"]) + [""]
+
+
+def test_beam_search_decodes_at_the_alpha_val_chose_for_the_checkpoint(
+    val, tmp_path, capsys, monkeypatch
+):
+    assert SHIPPED_ALPHA != 0.6  # val chose another than §6.1's, so the default is seen
+    alphas, real = [], fd.fast_decode_batch
+
+    def recorded(model, src, src_mask, beam_size, alpha):
+        alphas.append(alpha)
+        return real(model, src, src_mask, beam_size, alpha)
+
+    monkeypatch.setattr(fd, "fast_decode_batch", recorded)
+    source = write_lines(tmp_path / "de.txt", val["sources"])
+    assert translate.main(["--input", str(source)]) == 0
+    assert set(alphas) == {SHIPPED_ALPHA}
+    assert capsys.readouterr().out.splitlines() == val["beam"]
+    alphas.clear()
+    assert translate.main(["--input", str(source), "--alpha", "0.6"]) == 0  # the flag wins
+    assert set(alphas) == {0.6}
+    # a checkpoint that records no alpha (a training snapshot) decodes at §6.1's 0.6
+    payload = at.read_checkpoint(SHIPPED)
+    del payload["alpha"], payload["format"]
+    at.save_checkpoint(tmp_path / "snapshot.pt", payload)
+    alphas.clear()
+    assert (
+        translate.main(["--input", str(source), "--checkpoint", str(tmp_path / "snapshot.pt")]) == 0
+    )
+    assert set(alphas) == {0.6}
 
 
 def test_greedy_is_the_module_with_beam_1(val, tmp_path, capsys):
@@ -247,3 +279,10 @@ def test_a_failure_while_writing_leaves_no_output_file(tmp_path, capsys, monkeyp
     monkeypatch.setattr(os, "replace", full_disk)
     err = refused(["Ein Hund."], capsys, tmp_path / "en.txt")
     assert "No space left on device" in err
+
+
+def test_the_translator_page_names_the_alpha_the_shipped_weights_decode_at():
+    page = (ROOT / "chapters" / "try_translator.md").read_text(encoding="utf-8")
+    assert f"α = {SHIPPED_ALPHA} (§6.1" in page  # the prose
+    assert f"beam search (4, α = {SHIPPED_ALPHA})" in page  # the menu, before the page loads
+    assert helpers.recorded_alpha(SHIPPED) == SHIPPED_ALPHA  # what translate.py decodes at
