@@ -63,3 +63,25 @@ def test_every_stored_result_names_its_machine(path):
         return
     found = descriptions(path)
     assert found and all(names_the_machine(d) for d in found), (name, sorted(set(map(str, found))))
+
+
+def test_the_readme_quotes_the_scores_the_stored_runs_hold():
+    """The README's headline figures are the one rule's, read here from the stored runs:
+    the shipped translator at the alpha val chose, and fast's mean and SD over three seeds."""
+    import statistics
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    shipped = json.loads((ROOT / "results" / "multi30k" / "evaluation.json").read_text())
+    alpha = shipped["alpha"]
+    beam = {r["set"]: r["sacreBLEU"] for r in shipped["results"] if r["decoding"] != "greedy"}
+    assert f"It scores {beam['test2016']:.2f} sacreBLEU on test2016 (beam 4, α {alpha}" in readme
+    assert f"val {beam['val']:.2f})" in readme and f"(α = {alpha}, which" in readme
+    scores = []
+    for name in ("fast", "fast-seed1", "fast-seed2"):
+        run = json.loads((ROOT / "results" / name / "evaluation.json").read_text())
+        averaged = [r for r in run["results"] if r["weights"] != "last"]
+        scores += [
+            r["sacreBLEU"] for r in averaged if r["set"] == "test2016" and r["decoding"] != "greedy"
+        ]
+    mean, sd = statistics.fmean(scores), statistics.stdev(scores)
+    assert f"score {mean:.2f} ±\n  {sd:.2f} sacreBLEU on test2016" in readme
