@@ -7,9 +7,10 @@ paired tests (chapter 6.1's protocol, code/scoring.py).
 
 The first folder is the baseline; each other one is tested against it, for every setting
 (set, decoding, weights) that all of them stored: both scores, the difference (the other
-minus the baseline), each score's 95% bootstrap interval, and the two-sided p-values of
-paired bootstrap resampling (1000 resamples) and approximate randomisation (10 000 trials),
-computed by sacrebleu.significance on the same sentences. With several folders (runs of one
+minus the baseline), each score's 95% bootstrap interval, and the p-values of paired
+bootstrap resampling (1000 resamples, as Moses' script computes it) and approximate
+randomisation (10 000 trials, two-sided), computed by sacrebleu.significance on the same
+sentences. With several folders (runs of one
 recipe at several seeds), it also prints their mean and SD. The references are Multi30k's,
 read from --data-dir ($MULTI30K_DIR, else the verified download).
 """

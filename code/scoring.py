@@ -88,8 +88,9 @@ def paired_tests(references, baseline, systems):
     """sacreBLEU's paired tests of each of `systems` against `baseline`, on the same
     sentences: baseline and systems are (name, hypotheses). Returns a row per system with
     both scores, the difference (system minus baseline), the half-width of each score's 95%
-    bootstrap interval, and the p-values of paired bootstrap resampling (1000 resamples)
-    and approximate randomisation (10 000 trials), both two-sided."""
+    bootstrap interval, and the p-values of paired bootstrap resampling (1000 resamples;
+    as Moses' script, the size of the difference against its spread under resampling) and
+    of approximate randomisation (10 000 trials, two-sided)."""
     names = [baseline[0]] + [name for name, _ in systems]
     if len(set(names)) != len(names):
         raise ScoringError(f"systems need distinct names, got {names}")
