@@ -342,7 +342,8 @@ def evaluate(
         alpha, alpha_on_val = choose_alpha(
             model, tokenizer, sets["val"], alphas=alphas, batch_size=batch_size
         )
-    store_alpha(averaged_path, alpha)
+    # the payload is still in memory: write it again with the alpha, no need to read it back
+    at.save_checkpoint(averaged_path, {**averaged, "alpha": alpha})
     weights = (("last", snapshots[-1]), (label, averaged_path))
     rows, signature, samples = score_table(
         weights, sets, alpha=alpha, device=device, batch_size=batch_size, out=out
