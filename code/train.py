@@ -110,6 +110,8 @@ def main(argv=None):
                 log=log,
                 progress=True,
             )
+            if world > 1:  # every process done before any closes its connections: gloo has
+                torch.distributed.barrier()  # aborted in teardown when one closed early
         finally:
             if world > 1:
                 torch.distributed.destroy_process_group()

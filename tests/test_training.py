@@ -510,6 +510,7 @@ for steps, out, resume, *extra in {plan!r}:  # extra: other changes to the confi
     model, _, history = training.train(config, pairs, out, resume=resume, log=lambda m: None)
     torch.save({{"model": model.state_dict(), "history": history, "rng": torch.get_rng_state()}},
                f"{{out}}/rank{{rank}}-{{steps}}.pt")
+torch.distributed.barrier()  # as train.py: both done before either closes its connections
 torch.distributed.destroy_process_group()
 """
 
