@@ -331,10 +331,11 @@ def stand_in_pairs(count=60, seed=0):
     return pairs
 
 
-def profile_pairs(bench):
-    """The training pairs of a ProfileBench: Multi30k's training split, or the stand-in."""
+def profile_pairs(bench, *, data_dir=None):
+    """The training pairs of a ProfileBench: Multi30k's training split (from `data_dir`, as
+    helpers.load_multi30k reads it), or the stand-in."""
     if bench.corpus == "multi30k":
-        return helpers.load_multi30k("train")
+        return helpers.load_multi30k("train", data_dir=data_dir)
     if bench.corpus == "stand-in":
         return stand_in_pairs()
     raise at.InputError(f"corpus must be 'multi30k' or 'stand-in', got {bench.corpus!r}")
@@ -378,11 +379,11 @@ class ProfileData:
         return [real_token_flops(self.config.model, vocab, lengths, i) for i in self.chosen]
 
 
-def profile_data(bench, cache=None):
+def profile_data(bench, cache=None, *, data_dir=None):
     """Read and encode a ProfileBench's pairs with a BPE vocabulary of the profile's size
     (learned once, then read from `cache`/<digest of the pairs>/), and choose its batches."""
     config = training.PROFILES[bench.profile]
-    pairs = profile_pairs(bench)
+    pairs = profile_pairs(bench, data_dir=data_dir)
     tokenizer = helpers.cached_tokenizer(pairs, config.vocab_size, cache)
     corpus = at.EncodedCorpus.from_pairs(pairs, tokenizer)
     chosen = spread_batches(corpus.lengths, config.max_tokens, bench.batches, config.seed)
@@ -606,7 +607,7 @@ def run_config(bench, device, args, log):
     why_not = "--bf16 off" if args.bf16 == "off" else "no native bf16 (CPU: AVX-512 BF16, AMX)"
     peak = bf16_peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     if isinstance(bench, ProfileBench):
-        data = profile_data(bench, args.tokenizer_cache)
+        data = profile_data(bench, args.tokenizer_cache, data_dir=args.data_dir)
         groups = {"training step": lambda: profile_rows(data, device, bf16)}
         bf16_rows = ["train/ours-fused-bf16", "train/torch-bf16"]
         per_call = sum(data.step_flops())
@@ -670,6 +671,7 @@ def parse_args(argv=None):
         help=f"smoke run: {' and '.join(QUICK)} unless --config is given, 2 rounds unless "
         "given, no minimum")  # fmt: skip
     helpers.add_tokenizer_cache_flag(parser)
+    helpers.add_data_dir_flag(parser)
     add("--out", type=helpers.given_path, help="write the results here (JSON)")
     args = parser.parse_args(argv)
     if args.quick:

@@ -155,8 +155,8 @@ def main(argv=None):
         raise at.InputError(f"--profile {args.profile} has no time budget (max_seconds)")
     if not (args.run / "checkpoint.pt").is_file():
         raise FileNotFoundError(f"{args.run} holds no checkpoint.pt: train the profile first")
-    pairs = helpers.load_multi30k("train", args.data_dir)
-    val_pairs = helpers.load_multi30k("val", args.data_dir)
+    pairs = helpers.load_multi30k("train", data_dir=args.data_dir)
+    val_pairs = helpers.load_multi30k("val", data_dir=args.data_dir)
     extras, corpus, vocab, payload = run_parts(config, pairs, val_pairs, args.run)
     parts = update_parts(config, corpus, vocab, args.steps, args.rounds)
     chosen = payload.get("precision", "float32")

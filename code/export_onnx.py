@@ -207,13 +207,16 @@ def parse_args(argv=None):
         default=OUT,
         help="where the files go (default: _static/translator, which the book's build copies)",
     )
+    helpers.add_data_dir_flag(parser)
     return parser.parse_args(argv)
 
 
 @helpers.user_errors_exit_2("export_onnx.py")
 def main(argv=None):
     args = parse_args(argv)
-    examples = [german for german, _ in helpers.load_multi30k("val")[:EXAMPLES]]
+    examples = [
+        german for german, _ in helpers.load_multi30k("val", data_dir=args.data_dir)[:EXAMPLES]
+    ]
     sizes = export(args.checkpoint, args.out, examples)
     for name, size in sizes.items():
         print(f"{args.out / name}: {size / 2**20:.1f} MiB")

@@ -329,7 +329,7 @@ def log_to(path, echo=print):
         yield log
 
 
-def load_multi30k(split, data_dir=None):
+def load_multi30k(split, *, data_dir=None):
     """The (German, English) pairs of one Multi30k split, as the scripts take them: chapter 5's
     read_multi30k on the folder that safe_files.multi30k_folder has verified."""
     return at.read_multi30k(safe_files.multi30k_folder(data_dir), split)

@@ -228,6 +228,25 @@ def test_no_script_imports_another_script():
     assert not borrowed, borrowed
 
 
+def test_every_script_that_reads_multi30k_takes_data_dir():
+    """A script that reads Multi30k (directly or through a function of its own file) offers
+    --data-dir, and every read hands the folder on by name: a run trained from a local copy
+    is scored, exported and timed from it too, never from a download."""
+    code_dir = export.MODULE.parent
+    missing = []
+    for path in sorted(code_dir.glob("*.py")):
+        text = path.read_text()
+        if not re.search(r"^def main\(", text, re.M) or path.name == "script_helpers.py":
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "load_multi30k":
+                if "data_dir" not in {k.arg for k in node.keywords}:
+                    missing.append(f"{path.name}:{node.lineno} reads without data_dir=")
+        if "load_multi30k(" in text and "add_data_dir_flag(parser)" not in text:
+            missing.append(f"{path.name} reads Multi30k without a --data-dir flag")
+    assert not missing, missing
+
+
 def test_executing_a_missing_notebook_is_refused_by_name(tmp_path, monkeypatch, capsys):
     module = tmp_path / "annotated_transformer.py"
     module.write_text(export.generate())
