@@ -953,6 +953,8 @@ def save_checkpoint(path, payload):
 
 def read_checkpoint(path):
     """A checkpoint's payload (tensors and plain data only); errors name the file."""
+    if not pathlib.Path(path).is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}; train one with code/train.py")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
         complete = isinstance(payload, dict) and {"config", "model", "tokenizer"} <= payload.keys()
@@ -981,21 +983,22 @@ def check_device(device):
         raise InputError(f"device={device!r}: {problem}")
 
 
+def translator_from(payload, device="cpu"):
+    """(model in evaluation mode on `device`, tokenizer) from a payload read_checkpoint read."""
+    check_device(device)
+    tokenizer = Tokenizer.from_str(payload["tokenizer"])
+    vocab = tokenizer.get_vocab_size()
+    model = build_model(vocab, vocab, ModelConfig(**payload["config"]["model"]))
+    model.load_state_dict(payload["model"])
+    return model.to(device).eval(), tokenizer
+
+
 def load_checkpoint(path, device="cpu"):
     """A trained model, in evaluation mode on `device`, and its tokenizer, from any
     checkpoint `train` wrote (checkpoint.pt or a snapshot checkpoint-<step>.pt) or from
     average_checkpoints. Returns (model, tokenizer): what `translate` needs."""
-    check_device(device)
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}; train one with code/train.py")
-    payload = read_checkpoint(path)
-    config = ModelConfig(**payload["config"]["model"])
-    tokenizer = Tokenizer.from_str(payload["tokenizer"])
-    vocab = tokenizer.get_vocab_size()
-    model = build_model(vocab, vocab, config)
-    model.load_state_dict(payload["model"])
-    return model.to(device).eval(), tokenizer
+    check_device(device)  # before the file is read
+    return translator_from(read_checkpoint(path), device)
 
 
 def average_checkpoints(paths):

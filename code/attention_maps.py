@@ -487,8 +487,8 @@ def analyse(checkpoint, chosen, sample, beam_size=4, alpha=0.6):
     baseline. Returns a dict: checkpoint, step, label (the step, or "average" for weights
     averaged over snapshots, whose step is their last), config, records, links, statistics,
     uniform."""
-    model, tokenizer = at.load_checkpoint(checkpoint)
-    payload = at.read_checkpoint(checkpoint)  # its step, configuration and averaged steps
+    payload = at.read_checkpoint(checkpoint)  # also its step, configuration and averaged steps
+    model, tokenizer = at.translator_from(payload)
     records = extract(model, tokenizer, [de for *_, de, _ in chosen], beam_size, alpha)
     for record, (split, i, why, links, _, en) in zip(records, chosen):
         resolved = find_links(record["source"], links)

@@ -107,7 +107,7 @@ def run_parts(config, pairs, val_pairs, run):
     found = {"vocabulary": seconds}
     found["precision race"], _ = once(lambda: training.race_precisions(config, corpus, vocab))
     payload = at.read_checkpoint(run / "checkpoint.pt")
-    model, run_tokenizer = at.load_checkpoint(run / "checkpoint.pt")
+    model, run_tokenizer = at.translator_from(payload)
     val_corpus = at.EncodedCorpus.from_pairs(val_pairs, run_tokenizer)
     chosen = val_pairs[: config.bleu_sentences]
     found["validation"], _ = once(

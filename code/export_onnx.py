@@ -79,9 +79,10 @@ class DecoderStep(torch.nn.Module):
         return self.model.generator(states[:, -1]), weights
 
 
-def exportable(checkpoint):
-    """The model of `checkpoint` with positional tables of POSITIONS rows."""
-    model, tokenizer = at.load_checkpoint(checkpoint)
+def exportable(payload):
+    """The model of a checkpoint's payload (at.read_checkpoint) with positional tables of
+    POSITIONS rows, and its tokenizer."""
+    model, tokenizer = at.translator_from(payload)
     for module in model.modules():
         if isinstance(module, at.PositionalEncoding) and module.max_len > POSITIONS:
             module.make_table(POSITIONS, module.table.size(1))  # a formula: rows cost bytes
@@ -134,7 +135,8 @@ def export_graph(module, inputs, names, dynamic, path):
 
 def export(checkpoint, out, examples):
     """encoder.onnx, decoder.onnx, tokenizer.json and translator.json into `out`."""
-    model, tokenizer = exportable(checkpoint)
+    payload = at.read_checkpoint(checkpoint)
+    model, tokenizer = exportable(payload)
     out.mkdir(parents=True, exist_ok=True)
     src = torch.tensor([[5, 6, 7, 8, at.EOS_ID], [9, 10, at.EOS_ID, at.PAD_ID, at.PAD_ID]])
     tgt = torch.tensor([[at.BOS_ID, 11, 12], [at.BOS_ID, 13, 14]])
@@ -165,7 +167,7 @@ def export(checkpoint, out, examples):
         "bos_id": at.BOS_ID,
         "eos_id": at.EOS_ID,
         "beam_size": 4,
-        "alpha": helpers.recorded_alpha(checkpoint),  # the one val chose for it
+        "alpha": helpers.recorded_alpha(payload),  # the one val chose for it
         "extra_length": 50,  # §6.1: at most input length + 50 output tokens
         "max_source_tokens": min(model.src_embed[1].max_len, model.tgt_embed[1].max_len - 50),
         "heads": model.decoder.layers[-1].src_attn.h,

@@ -132,11 +132,11 @@ def add_checkpoint_flag(parser):
 PAPER_ALPHA = 0.6  # §6.1's length penalty, for a checkpoint that records no alpha of its own
 
 
-def recorded_alpha(path):
-    """The length penalty val chose for a checkpoint, which evaluate.py records in the
-    averaged.pt it writes (chapter 6.1's protocol); §6.1's 0.6 for one that records none,
-    such as a training snapshot."""
-    return at.read_checkpoint(path).get("alpha", PAPER_ALPHA)
+def recorded_alpha(payload):
+    """The length penalty val chose for a checkpoint (its payload, as at.read_checkpoint
+    reads it), which evaluate.py records in the averaged.pt it writes (chapter 6.1's
+    protocol); §6.1's 0.6 for one that records none, such as a training snapshot."""
+    return payload.get("alpha", PAPER_ALPHA)
 
 
 def add_data_dir_flag(parser):

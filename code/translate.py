@@ -111,10 +111,13 @@ def read_sources(args):
 
 
 def load_translator(path, device):
-    """load_checkpoint, with any failure to build a translator from the file said in one
-    line (the file may hold anything: its contents decide what fails)."""
+    """(model, tokenizer, the length penalty recorded with them) from one reading of the
+    file, with any failure to build a translator from it said in one line (the file may
+    hold anything: its contents decide what fails)."""
     try:
-        return at.load_checkpoint(path, device)
+        at.check_device(device)  # before the file is read
+        payload = at.read_checkpoint(path)
+        return *at.translator_from(payload, device), helpers.recorded_alpha(payload)
     except (OSError, at.InputError):
         raise  # load_checkpoint's own messages name the file and the problem
     except Exception as error:  # a checkpoint of something else: a wrong config or weights
@@ -154,8 +157,8 @@ def main(argv=None):
         raise at.InputError(f"--output {args.output}: no folder {args.output.parent}")
     if args.output is not None and args.output.is_dir():
         raise at.InputError(f"--output {args.output} is a folder; name a file")
-    model, tokenizer = load_translator(args.checkpoint, args.device)
-    alpha = helpers.recorded_alpha(args.checkpoint) if args.alpha is None else args.alpha
+    model, tokenizer, recorded = load_translator(args.checkpoint, args.device)
+    alpha = recorded if args.alpha is None else args.alpha
     beam_size = 1 if args.greedy else args.beam_size
     quiet = args.quiet or bool(args.sentences) or not sys.stderr.isatty()
     blank = sum(not sentence.strip() for sentence in sentences)  # nothing to translate

@@ -172,8 +172,10 @@ def test_evaluate_decodes_test_only_at_the_alpha_that_val_chose(
     assert {r["decoding"] for r in evaluation["results"]} == {"greedy", "beam 4, alpha 0.9"}
     # the averaged weights record val's choice, which translate.py decodes with by default
     assert at.read_checkpoint(tmp_path / "averaged.pt")["alpha"] == 0.9
-    assert helpers.recorded_alpha(tmp_path / "averaged.pt") == 0.9
-    assert helpers.recorded_alpha(training.snapshot_paths(tiny_run)[-1]) == 0.6  # none: §6.1's
+    assert helpers.recorded_alpha(at.read_checkpoint(tmp_path / "averaged.pt")) == 0.9
+    assert (
+        helpers.recorded_alpha(at.read_checkpoint(training.snapshot_paths(tiny_run)[-1])) == 0.6
+    )  # none: §6.1's
 
 
 def test_stored_scores_an_average_whose_run_is_gone_and_keeps_its_record(

@@ -69,7 +69,7 @@ class OnnxTranslator:
 @pytest.fixture(scope="module")
 def models(folder):
     torch.set_num_threads(1)
-    model, tokenizer = export_onnx.exportable(SHIPPED)
+    model, tokenizer = export_onnx.exportable(at.read_checkpoint(SHIPPED))
     with at.use_fused_attention(model, False):  # the graphs' path
         yield model, tokenizer, OnnxTranslator(folder)
 
@@ -86,7 +86,7 @@ def val(models):
 def half_rounded(model):
     """A copy of `model` whose weights and tables are rounded to float16 and back, as the
     graphs store them."""
-    rounded = export_onnx.exportable(SHIPPED)[0]
+    rounded = export_onnx.exportable(at.read_checkpoint(SHIPPED))[0]
     with torch.no_grad():
         for p in [*rounded.parameters(), *rounded.buffers()]:  # the positional table too
             if p.is_floating_point() and p.numel() >= 1024:

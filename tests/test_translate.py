@@ -115,9 +115,12 @@ def test_beam_search_decodes_at_the_alpha_val_chose_for_the_checkpoint(
         return real(model, src, src_mask, beam_size, alpha)
 
     monkeypatch.setattr(fd, "fast_decode_batch", recorded)
+    reads, read = [], torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: reads.append(a[0]) or read(*a, **k))
     source = write_lines(tmp_path / "de.txt", val["sources"])
     assert translate.main(["--input", str(source)]) == 0
     assert set(alphas) == {SHIPPED_ALPHA}
+    assert reads == [SHIPPED]  # the weights and their alpha from one reading of the file
     assert capsys.readouterr().out.splitlines() == val["beam"]
     alphas.clear()
     assert translate.main(["--input", str(source), "--alpha", "0.6"]) == 0  # the flag wins
@@ -285,4 +288,6 @@ def test_the_translator_page_names_the_alpha_the_shipped_weights_decode_at():
     page = (ROOT / "chapters" / "try_translator.md").read_text(encoding="utf-8")
     assert f"α = {SHIPPED_ALPHA} (§6.1" in page  # the prose
     assert f"beam search (4, α = {SHIPPED_ALPHA})" in page  # the menu, before the page loads
-    assert helpers.recorded_alpha(SHIPPED) == SHIPPED_ALPHA  # what translate.py decodes at
+    assert (
+        helpers.recorded_alpha(at.read_checkpoint(SHIPPED)) == SHIPPED_ALPHA
+    )  # what translate.py decodes at

@@ -128,7 +128,7 @@ def sentences():
     chosen = [pairs[i][0] for i in (1, 2, 6)]
     model, tokenizer = at.load_checkpoint(helpers.SHIPPED_TRANSLATOR)
     alpha = json.loads((HTML / "_static" / "translator" / "translator.json").read_text())["alpha"]
-    assert alpha == helpers.recorded_alpha(helpers.SHIPPED_TRANSLATOR) != 0.6
+    assert alpha == helpers.recorded_alpha(at.read_checkpoint(helpers.SHIPPED_TRANSLATOR)) != 0.6
     return dict(zip(chosen, at.translate(model, tokenizer, chosen, beam_size=4, alpha=alpha)))
 
 
