@@ -285,8 +285,8 @@ class RunConfig(TrainConfig):
             of compute capability 8.0 and up, fp16 with a gradient scaler on older ones,
             float32 on a CPU), bf16, fp16, or fastest (on a CPU, whichever of float32 and
             bf16 trains faster, timed when bf16 is native; on a GPU float32 with TF32,
-            which started multi30k sooner than bf16 on an H200 and then kept its pace;
-            larger models such as base step faster in bf16: use auto)
+            because eager bf16 starts slowly while every new shape is planned; a larger
+            model may step faster in bf16: time both, or use auto)
         compile: a torch.compile backend ("inductor" is PyTorch's own) or "off" (eager)
         cuda_graphs: replay each step as a CUDA graph: one process, uncompiled, not fp16
             (unset: wherever that holds on a GPU; set on a CPU, the same step runs eagerly)
@@ -342,9 +342,8 @@ PROFILES = {
         smoothing=0.2,
         max_steps=MULTI30K_STEPS,
         checkpoint_every=250,
-        # eight validations: on a GPU, which trains this recipe in under a minute, validating
-        # every 250 steps made the whole command 80 s against 57 s every 2000 (one H100);
-        # validation never changes the weights
+        # eight validations: each adds to the whole command's time, most visibly on a GPU,
+        # which trains this recipe in under a minute; validation never changes the weights
         eval_every=1000,
         bleu_sentences=500,
     ),
