@@ -119,7 +119,7 @@ def load_translator(path, device):
         payload = at.read_checkpoint(path)
         return *at.translator_from(payload, device), helpers.recorded_alpha(payload)
     except (OSError, at.InputError):
-        raise  # load_checkpoint's own messages name the file and the problem
+        raise  # check_device's and read_checkpoint's messages name the problem
     except Exception as error:  # a checkpoint of something else: a wrong config or weights
         first = str(error).strip().partition("\n")[0]
         raise at.InputError(
