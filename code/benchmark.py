@@ -34,9 +34,12 @@ from torch.utils.benchmark import Compare, Measurement, Timer
 import annotated_transformer as at
 import cuda_graphs as graphs
 import fast_decoding as fd
+import profiles
 import safe_files
 import script_helpers as helpers
 import training_runs as training
+from hardware import hardware_description
+from precision import native_bf16
 
 SCHEMA = 3  # 3: profile configurations (real batches), updates per call
 NEVER = -1  # an end symbol no token id can equal: decoding runs its full length
@@ -59,7 +62,7 @@ class BenchConfig:
 
 @dataclass(frozen=True)
 class ProfileBench:
-    """A training profile's model with its recipe (training.PROFILES[profile]) at its real batch:
+    """A training profile's model with its recipe (profiles.PROFILES[profile]) at its real batch:
     `batches` batches of at.batch_by_tokens(lengths, max_tokens, seed) over the profile's
     training pairs, which `corpus` names: "multi30k" (Multi30k's training split, read by
     helpers.load_multi30k) or "stand-in" (a few made-up pairs, for smoke runs only)."""
@@ -80,7 +83,7 @@ CONFIGS = {
     "multi30k": ProfileBench("multi30k", "multi30k", "multi30k"),
     # every code path in seconds: for --quick and the tests, not for conclusions
     "tiny": BenchConfig(
-        "tiny", replace(training.PROFILES["tiny"].model, share_embeddings=False), 64, 4, 6
+        "tiny", replace(profiles.PROFILES["tiny"].model, share_embeddings=False), 64, 4, 6
     ),
     "tiny-profile": ProfileBench("tiny-profile", "tiny", "stand-in", 2),
 }
@@ -382,7 +385,7 @@ class ProfileData:
 def profile_data(bench, cache=None, *, data_dir=None):
     """Read and encode a ProfileBench's pairs with a BPE vocabulary of the profile's size
     (learned once, then read from `cache`/<digest of the pairs>/), and choose its batches."""
-    config = training.PROFILES[bench.profile]
+    config = profiles.PROFILES[bench.profile]
     pairs = profile_pairs(bench, data_dir=data_dir)
     tokenizer = helpers.cached_tokenizer(pairs, config.vocab_size, cache)
     corpus = at.EncodedCorpus.from_pairs(pairs, tokenizer)
@@ -603,7 +606,7 @@ def side_by_side(run):
 def run_config(bench, device, args, log):
     """Build, warm up, time and summarise every row of one configuration. Returns its JSON
     record and, for Compare, one Measurement per row holding its per-round times."""
-    bf16 = args.bf16 == "on" or (args.bf16 == "auto" and training.native_bf16(device))
+    bf16 = args.bf16 == "on" or (args.bf16 == "auto" and native_bf16(device))
     why_not = "--bf16 off" if args.bf16 == "off" else "no native bf16 (CPU: AVX-512 BF16, AMX)"
     peak = bf16_peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     if isinstance(bench, ProfileBench):
@@ -704,9 +707,9 @@ def main(argv=None, log=None):
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "settings": settings,
         "hardware": {
-            "description": training.hardware_description(device),
+            "description": hardware_description(device),
             "cpu_count": os.cpu_count(),
-            "bf16_native": training.native_bf16(device),
+            "bf16_native": native_bf16(device),
             "gpu": gpu,
             "gpu_bf16_peak_flops": bf16_peak_flops(gpu) if gpu else None,
             "threads": torch.get_num_threads(),

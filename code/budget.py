@@ -21,10 +21,13 @@ import time
 import torch
 
 import annotated_transformer as at
+import profiles
 import safe_files
 import script_helpers as helpers
 import training_runs as training
 from cuda_graphs import bucketed_batch
+from hardware import hardware_description
+from precision import native_bf16
 
 PARTS = ("cut", "forward", "backward", "optimizer")
 
@@ -33,7 +36,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--profile", choices=sorted(training.PROFILES), default="fast")
+    parser.add_argument("--profile", choices=sorted(profiles.PROFILES), default="fast")
     parser.add_argument("--run", type=helpers.given_path, required=True, help="a finished run")
     parser.add_argument("--out", type=helpers.given_path, required=True, help="a JSON file")
     parser.add_argument(
@@ -66,7 +69,7 @@ def timed_update(state, batch_indices, corpus, smoothing, amp):
 def update_parts(config, corpus, vocab, steps, rounds):
     """{precision: {part: median seconds}} over `rounds` interleaved rounds of steps/rounds
     updates each (a change of load hits both precisions alike), after 5 untimed updates."""
-    amps = {"float32": None} | ({"bfloat16": torch.bfloat16} if training.native_bf16("cpu") else {})
+    amps = {"float32": None} | ({"bfloat16": torch.bfloat16} if native_bf16("cpu") else {})
     per_round, updates, epoch = -(-steps // rounds), [], 0
     while len(updates) < 5 + per_round * rounds:  # a small corpus: the next epochs' too
         updates += training.epoch_updates(corpus, config, epoch)
@@ -150,7 +153,7 @@ def budget(config, parts, extras, precision, steps_made):
 def main(argv=None):
     args = parse_args(argv)
     helpers.set_threads(args.threads)
-    config = training.PROFILES[args.profile]
+    config = profiles.PROFILES[args.profile]
     if not config.max_seconds:
         raise at.InputError(f"--profile {args.profile} has no time budget (max_seconds)")
     if not (args.run / "checkpoint.pt").is_file():
@@ -163,7 +166,7 @@ def main(argv=None):
     result = {
         "profile": args.profile,
         "run": str(args.run),
-        "hardware": training.hardware_description("cpu"),
+        "hardware": hardware_description("cpu"),
         "threads": torch.get_num_threads(),
         "update_parts_seconds": {
             name: {part: round(s, 5) for part, s in values.items()}

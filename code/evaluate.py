@@ -19,7 +19,9 @@ Beam 4 runs at each length penalty of scoring.ALPHA_GRID (or --alpha) with the a
 weights on val; the best is kept, every beam row is decoded at that one, as §6.1 chose its
 alpha "after experimentation on the development set", and averaged.pt records it, so that
 translate.py decodes by the same rule. Every row's hypotheses go to OUT/hypotheses/
-(scoring.hypotheses_path), for code/compare.py's paired tests.
+(scoring.hypotheses_path), for code/compare.py's paired tests, and so does test2016 decoded at
+§6.1's alpha of 0.6 with the averaged weights (scoring.PAPER_BEAM: not a row of the table,
+the baseline against which chapter 6.1 tests what val's choice of alpha is worth).
 With --stored FOLDER instead of --run: score FOLDER/averaged.pt, whose run folder is gone,
 by the same rule (the averaged weights only), keeping what FOLDER/evaluation.json records of
 the run (its steps, training time, hardware, config).
@@ -34,10 +36,11 @@ import torch
 
 import annotated_transformer as at
 import fast_decoding as fd
+import run_folder
 import safe_files
 import scoring
 import script_helpers as helpers
-import training_runs as training
+from hardware import hardware_description
 
 
 def parse_args(argv=None):
@@ -123,10 +126,10 @@ def main(argv=None):
     args = parse_args(argv)
     settings = ("alphas", "device", "batch_size", "limit", "data_dir")
     if args.stored:
-        with training.RunFolder(args.stored, resume=True):
+        with run_folder.RunFolder(args.stored, resume=True):
             rescore(args.stored, **{k: vars(args)[k] for k in settings})
         return 0
-    snapshots = training.snapshot_paths(args.run)
+    snapshots = run_folder.snapshot_paths(args.run)
     if not snapshots:
         raise FileNotFoundError(f"no checkpoint-<step>.pt in {args.run}: not a training run")
     until = None  # with --within-hours: the validation figures of the last snapshot kept
@@ -134,7 +137,7 @@ def main(argv=None):
         kept = snapshots_within(snapshots, args.within_hours * 3600)
         snapshots, until = [path for path, _ in kept], kept[-1][1]
     helpers.own_folder(args.out, args.run)
-    with training.RunFolder(args.out, resume=True):
+    with run_folder.RunFolder(args.out, resume=True):
         settings += ("average", "dtype", "hardware")
         evaluate(args.run, args.out, snapshots, until=until, **{k: vars(args)[k] for k in settings})
     return 0
@@ -219,7 +222,22 @@ def score_table(weights, sets, *, alpha, device, batch_size, out):
                         {"source": s, "reference": t, "hypothesis": h}
                         for (s, t), h in zip(pairs[:10], scores["hypotheses"])
                     ]
+        if label != "last" and "test2016" in sets:
+            store_paper_beam(model, tokenizer, sets["test2016"], batch_size=batch_size, out=out)
     return rows, signature, samples
+
+
+def store_paper_beam(model, tokenizer, pairs, *, batch_size, out):
+    """test2016 decoded with beam 4 at §6.1's alpha (scoring.PAPER_BEAM), stored beside the
+    table's rows but not among them: the baseline of the paired test of what val's choice of
+    alpha is worth (chapter 6.1), never a candidate."""
+    sources = [source for source, _ in pairs]
+    hypotheses = at.translate(
+        model, tokenizer, sources, 4, scoring.PAPER_ALPHA, batch_size, fd.fast_decode_batch
+    )
+    scoring.write_hypotheses(
+        out, hypotheses, split="test2016", decoding=scoring.PAPER_BEAM, weights="averaged"
+    )
 
 
 def scored_sets(limit=None, data_dir=None):
@@ -356,7 +374,7 @@ def evaluate(
         "averaged_steps": averaged["averaged_steps"],
         "train_hours": round(seconds / 3600, 2),
         "train_seconds": round(seconds, 1),
-        "hardware": hardware or trained_on(run) or training.hardware_description(device),
+        "hardware": hardware or trained_on(run) or hardware_description(device),
         "signature": signature,
         "sentences": {split: len(pairs) for split, pairs in sets.items()},
         "alpha": alpha,

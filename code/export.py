@@ -4,8 +4,15 @@ exactly `#| export`, in _toc.yml order, and re-execute chapters.
 The paper's pages (the first part of _toc.yml) build one module, code/annotated_transformer.py.
 Every other page with exported cells builds a module of its own, named after the page
 (chapters/fast_decoding.ipynb -> code/fast_decoding.py); such a module imports the paper's,
-never the other way round. The imports of a module's cells are gathered into one block at
-its top (isort's order), so that a chapter can import what its own code needs.
+never the other way round. A page explains code in the order a reader needs it, but the
+code is filed by job: a cell whose first line is `#| export precision` goes to
+code/precision.py instead (as in nbdev), and the first cell of each such module begins with a
+string saying what the module holds, which becomes its docstring.
+
+Imports are gathered per page: every import of a page's exported cells is offered to each
+module the page builds, and each module keeps, in one block at its top (isort's order), those
+it uses. The cells of one page share one namespace, so a module that uses a name which
+another module of the same page defines imports it from there.
 
     python code/export.py           # regenerate the modules
     python code/export.py --check   # exit 1, with a diff, if a module is out of date
@@ -24,6 +31,7 @@ import ast
 import difflib
 import json
 import pathlib
+import re
 import sys
 import time
 
@@ -39,6 +47,13 @@ HEADER = '''"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2
 GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
 `#| export` in chapters/, in the order of _toc.yml; change a chapter, then run
 `python code/export.py` (or `python code/export.py --execute`, which also re-executes).
+"""
+'''
+JOB_HEADER = '''"""{purpose}
+
+GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
+`#| export {name}` in {pages};
+change them, then run `python code/export.py`.
 """
 '''
 PAGE_HEADER = '''"""{title}: the code of chapters/{page}.ipynb.
@@ -102,16 +117,37 @@ def _shown(path):
     return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
 
 
-def exported_cells(notebook_path):
-    """(cell number, source without the marker line) of each exported cell, checked."""
+MODULE_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def export_target(source):
+    """None if a cell is not exported, "" if it goes to its page's module, else the module it
+    names (`#| export precision` -> "precision")."""
+    first = source.partition("\n")[0].rstrip()
+    if first == MARKER:
+        return ""
+    if first.startswith(MARKER + " "):
+        return first[len(MARKER) + 1 :].strip()
+    return None
+
+
+def targeted_cells(notebook_path):
+    """(cell number, target module or "", source without the marker line) of each exported
+    cell, checked."""
     notebook = json.loads(notebook_path.read_text())
     cells = []
     for number, cell in enumerate(notebook["cells"], start=1):
         source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-        first, _, body = source.partition("\n")
-        if cell["cell_type"] != "code" or first.rstrip() != MARKER:
+        target = export_target(source) if cell["cell_type"] == "code" else None
+        if target is None:
             continue
         where = f"{_shown(notebook_path)}, cell {number}"
+        if target and not MODULE_NAME.fullmatch(target):
+            raise ExportError(
+                f"{where}: {target!r} is not a module name; write `{MARKER} name` with a "
+                "lower-case Python name, such as `#| export precision`"
+            )
+        body = source.partition("\n")[2]
         try:
             tree = ast.parse(body)
         except SyntaxError as error:
@@ -123,8 +159,13 @@ def exported_cells(notebook_path):
                     f"definitions and UPPER_CASE constants, found {type(node).__name__}; "
                     f"move it to a cell without '{MARKER}'"
                 )
-        cells.append((number, body.strip("\n")))
+        cells.append((number, target, body.strip("\n")))
     return cells
+
+
+def exported_cells(notebook_path):
+    """(cell number, source without the marker line) of each exported cell, checked."""
+    return [(number, body) for number, _, body in targeted_cells(notebook_path)]
 
 
 def _title(notebook_path):
@@ -184,43 +225,150 @@ def import_block(statements, first_party):
     return "\n\n".join("\n".join(lines) for lines in sections if lines)
 
 
-def _section(path, root, imports):
-    banner = f"# {'-' * 86}\n# {_title(path)}, from {path.relative_to(root)}\n# {'-' * 86}"
-    bodies = []
-    for _, body in exported_cells(path):
-        found, rest = split_imports(body)
-        imports += found
-        if rest:
-            bodies.append(rest)
-    return "\n\n" + banner + "\n\n" + "\n\n\n".join(bodies) + "\n"
+def bound_names(statement):
+    """The names an import statement binds (`import a.b` binds a)."""
+    node = ast.parse(statement).body[0]
+    return [(a.asname or a.name).split(".")[0] for a in node.names]
 
 
-def _module(header, paths, root):
-    imports = []
-    sections = "".join(_section(path, root, imports) for path in paths)
-    first_party = {p.stem for p in (root / "code").glob("*.py")} | {MODULE.stem}
-    # one blank line between the imports and the first banner, as isort sets it
-    return header + "\n" + import_block(imports, first_party) + "\n" + sections[1:]
+def defined_names(body):
+    """The names a module body defines at its top level."""
+    names = set()
+    for node in ast.parse(body).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                elements = target.elts if isinstance(target, ast.Tuple) else [target]
+                names |= {e.id for e in elements if isinstance(e, ast.Name)}
+    return names
+
+
+def used_names(body):
+    return {node.id for node in ast.walk(ast.parse(body)) if isinstance(node, ast.Name)}
+
+
+def _used_imports(statements, used, own):
+    """The import statements (narrowed to the names used) a module body needs; none from
+    the module itself."""
+    kept = []
+    for statement in dict.fromkeys(statements):
+        node = ast.parse(statement).body[0]
+        if isinstance(node, ast.ImportFrom) and node.module == own:
+            continue
+        aliases = [a for a in node.names if (a.asname or a.name).split(".")[0] in used]
+        if aliases:
+            node.names = aliases
+            kept.append(ast.unparse(node))
+    return kept
+
+
+def _banner(path, root):
+    return f"# {'-' * 86}\n# {_title(path)}, from {path.relative_to(root)}\n# {'-' * 86}"
+
+
+def module_plan(root=ROOT):
+    """{module name: {page path: [cell sources]}}, modules and pages in reading order."""
+    paper = set(paper_files(root))
+    plan = {MODULE.stem: {}}
+    for file in toc_files(root):
+        path = root / f"{file}.ipynb"
+        if not path.exists():
+            continue
+        default = MODULE.stem if file in paper else path.stem
+        for _, target, body in targeted_cells(path):
+            plan.setdefault(target or default, {}).setdefault(path, []).append(body)
+    hand_written = {
+        p.stem
+        for p in (root / "code").glob("*.py")
+        if "GENERATED FILE, DO NOT EDIT" not in p.read_text()
+    }
+    clash = sorted(set(plan) & hand_written)
+    if clash:
+        raise ExportError(
+            f"cells export to {', '.join(clash)}, which code/ holds as a file written by hand; "
+            "name another module in the cells' `#| export` line"
+        )
+    return plan
+
+
+def _page_imports(path):
+    found = []
+    for _, _, body in targeted_cells(path):
+        found += split_imports(body)[0]
+    return found
+
+
+def _header(name, pages, root, bodies):
+    if name == MODULE.stem:
+        return HEADER, bodies
+    if len(pages) == 1 and name == pages[0].stem:
+        return PAGE_HEADER.format(title=_title(pages[0]), page=name), bodies
+    first = ast.parse(bodies[0]).body[:1]
+    if not (
+        first
+        and isinstance(first[0], ast.Expr)
+        and isinstance(first[0].value, ast.Constant)
+        and isinstance(first[0].value.value, str)
+    ):
+        raise ExportError(
+            f"the first cell exporting to {name} ({_shown(pages[0])}) must begin with a string "
+            "saying what the module holds; it becomes the module's docstring"
+        )
+    purpose = first[0].value.value.strip()
+    lines = bodies[0].splitlines()
+    bodies = ["\n".join(lines[first[0].end_lineno :]).strip("\n"), *bodies[1:]]
+    shown = ", ".join(f"chapters/{p.stem}.ipynb" for p in pages)
+    return JOB_HEADER.format(purpose=purpose, name=name, pages=shown), bodies
+
+
+def generate_all(root=ROOT):
+    """{module path: text} for the paper's module and every module the pages' cells name."""
+    plan = module_plan(root)
+    first_party = {p.stem for p in (root / "code").glob("*.py")} | set(plan)
+    rests = {}
+    for name, pages in plan.items():
+        rests[name] = {
+            path: [rest for body in bodies if (rest := split_imports(body)[1])]
+            for path, bodies in pages.items()
+        }
+    defines = {
+        name: set().union(*(defined_names(b) for bodies in pages.values() for b in bodies))
+        for name, pages in rests.items()
+    }
+    modules = {}
+    for name, pages in rests.items():
+        paths = list(pages)
+        if name == MODULE.stem and not paths:
+            continue
+        header, first_bodies = _header(name, paths, root, pages[paths[0]])
+        pages = {**pages, paths[0]: first_bodies}
+        text = "".join(
+            "\n\n" + _banner(path, root) + "\n\n" + "\n\n\n".join(b for b in bodies if b) + "\n"
+            for path, bodies in pages.items()
+        )
+        used = used_names(text) - defines[name]
+        imports = _used_imports([i for p in paths for i in _page_imports(p)], used, name)
+        imported = {n for i in imports for n in bound_names(i)}
+        siblings = [
+            other for other in plan if other != name and set(plan[other]) & set(paths)
+        ]  # modules built from the same pages share their namespace
+        for other in siblings:
+            borrowed = sorted((used - imported) & defines[other])
+            if borrowed:
+                imports.append(f"from {other} import {', '.join(borrowed)}")
+        path = MODULE if name == MODULE.stem and root == ROOT else root / "code" / f"{name}.py"
+        # one blank line between the imports and the first banner, as isort sets it
+        modules[path] = header + "\n" + import_block(imports, first_party) + "\n" + text[1:]
+    return modules
 
 
 def generate(root=ROOT):
     """The paper's module, built from the exported cells of the paper's pages, with the
     imports of all of them in one block at the top."""
-    paths = [root / f"{file}.ipynb" for file in paper_files(root)]
-    return _module(HEADER, [p for p in paths if p.exists() and exported_cells(p)], root)
-
-
-def generate_all(root=ROOT):
-    """{module path: text} for the paper's module and each back-matter page's module."""
-    modules = {MODULE if root == ROOT else root / "code" / MODULE.name: generate(root)}
-    paper = set(paper_files(root))
-    for file in toc_files(root):
-        path = root / f"{file}.ipynb"
-        if file in paper or not path.exists() or not exported_cells(path):
-            continue
-        header = PAGE_HEADER.format(title=_title(path), page=path.stem)
-        modules[root / "code" / f"{path.stem}.py"] = _module(header, [path], root)
-    return modules
+    modules = generate_all(root)
+    return modules[MODULE if root == ROOT else root / "code" / MODULE.name]
 
 
 KERNEL = {"display_name": "Python 3", "language": "python", "name": "python3"}

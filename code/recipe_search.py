@@ -26,13 +26,15 @@ import sys
 import time
 
 import annotated_transformer as at
+import hardware
+import profiles
 import safe_files
 import script_helpers as helpers
 import training_runs as training
 
 # where the search starts: a 3-layer model of width 256, Eq. (3) peaking near 1e-3
-START = training.apply_changes(
-    training.PROFILES["quick"],
+START = profiles.apply_changes(
+    profiles.PROFILES["quick"],
     {
         "N": 3,
         "h": 8,
@@ -96,7 +98,7 @@ def train_until(folder, config, budget, tokenizer, pairs, val_pairs, log):
     while state["cpu_seconds"] < budget:
         resume = (folder / "checkpoint.pt").exists()
         step = at.read_checkpoint(folder / "checkpoint.pt")["step"] if resume else 0
-        chunk = training.apply_changes(config, {"max_steps": step + config.eval_every})
+        chunk = profiles.apply_changes(config, {"max_steps": step + config.eval_every})
         start = time.process_time()
         training.train(chunk, pairs, folder, tokenizer, val_pairs, resume=resume, log=log)
         state["cpu_seconds"] += time.process_time() - start
@@ -173,7 +175,7 @@ def rung_row(args, trial, rung, minutes, data, tokenizer_for, log):
     if done:
         return done[0]
     pairs, val_pairs = data
-    config = training.apply_changes(START, TRIALS[trial])
+    config = profiles.apply_changes(START, TRIALS[trial])
     wall = time.perf_counter()
     folder = args.out / "trials" / folder_name(trial)
     tokenizer = tokenizer_for(config.vocab_size)
@@ -194,7 +196,7 @@ def rung_row(args, trial, rung, minutes, data, tokenizer_for, log):
         "params": at.count_parameters(model),
         "changes": json.dumps(TRIALS[trial]),
         "command": helpers.command_for(config),
-        "hardware": training.hardware_description(),
+        "hardware": hardware.hardware_description(),
     }
     record(row, table, args.csv)
     log(f"rung {rung} {trial}: {row}")

@@ -24,6 +24,9 @@ import safe_files
 ALPHA_GRID = (0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5)
 SPLITS = ("val", "test2016")
 DECODINGS = ("greedy", "beam")
+# beam 4 at §6.1's own alpha, stored for test2016 and the averaged weights only, never used
+# to choose anything: the baseline of the paired test of what val's choice of alpha is worth
+PAPER_ALPHA, PAPER_BEAM = 0.6, "beam-0.6"
 WEIGHTS = ("averaged", "last")
 BOOTSTRAP_RESAMPLES = 1000  # sacreBLEU's defaults for its two paired tests
 RANDOMISATION_TRIALS = 10000
@@ -36,10 +39,10 @@ class ScoringError(ValueError):
 
 def hypotheses_path(folder, *, split, decoding, weights):
     """Where a scored run keeps one setting's hypotheses: FOLDER/hypotheses/
-    <split>.<greedy|beam>.<averaged|last>.txt, one detokenized sentence a line."""
+    <split>.<greedy|beam|beam-0.6>.<averaged|last>.txt, one detokenized sentence a line."""
     for name, value, allowed in (
         ("split", split, SPLITS),
-        ("decoding", decoding, DECODINGS),
+        ("decoding", decoding, (*DECODINGS, PAPER_BEAM)),
         ("weights", weights, WEIGHTS),
     ):
         if value not in allowed:

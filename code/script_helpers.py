@@ -26,6 +26,7 @@ import tokenizers as hf_tokenizers
 import torch
 
 import annotated_transformer as at
+import profiles
 import safe_files
 
 # the book's translator, shipped with it: the scripts' default checkpoint
@@ -227,12 +228,9 @@ def field_type(cls, name):
 
 
 def run_config_classes():
-    """(RunConfig, ModelConfig): the training-runs page's recipe and the paper's model. Looked
-    up when a script asks for its flags, so that a script that trains nothing (translate.py)
-    never loads the training stack by importing these helpers."""
-    import training_runs
-
-    return training_runs.RunConfig, at.ModelConfig
+    """(RunConfig, ModelConfig): a whole run's recipe and the paper's model, looked up when a
+    script asks for its flags."""
+    return profiles.RunConfig, at.ModelConfig
 
 
 def config_fields(classes=None):
@@ -286,9 +284,7 @@ def given_changes(args, classes=None):
 def command_for(config, profile="quick"):
     """The train.py command that turns the profile into `config` (a RunConfig): one flag
     for each field that differs from the profile's."""
-    import training_runs  # looked up here, as in run_config_classes
-
-    base, flags = training_runs.PROFILES[profile], [f"--profile {profile}"]
+    base, flags = profiles.PROFILES[profile], [f"--profile {profile}"]
     for name, cls in config_fields():
         owner, base_owner = (config.model, base.model) if cls is at.ModelConfig else (config, base)
         value = getattr(owner, name)

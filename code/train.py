@@ -31,6 +31,8 @@ import sys
 import torch
 from tqdm import tqdm
 
+import distributed
+import profiles
 import script_helpers as helpers
 import training_runs as training
 
@@ -41,7 +43,7 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--profile",
-        choices=sorted(training.PROFILES),
+        choices=sorted(profiles.PROFILES),
         default="multi30k",
         help="multi30k (default): the recipe chosen on validation data (hours on a CPU, about "
         "a minute on a GPU); fast: a translator in fifteen minutes of training on two CPU "
@@ -63,7 +65,7 @@ def parse_args(argv=None):
 
 def config_from_args(args):
     """The profile with every config flag that was given applied (apply_changes)."""
-    return training.apply_changes(training.PROFILES[args.profile], helpers.given_changes(args))
+    return profiles.apply_changes(profiles.PROFILES[args.profile], helpers.given_changes(args))
 
 
 def start_distributed(device):
@@ -88,7 +90,7 @@ def main(argv=None):
     if not args.resume:  # learned once per set of pairs and size, then read
         tokenizer = helpers.cached_tokenizer(pairs, config.vocab_size, args.tokenizer_cache)
     device = start_distributed(args.device)
-    rank, world = training.distributed_rank_and_size()
+    rank, world = distributed.distributed_rank_and_size()
     # only rank 0 writes the log; tqdm.write puts a message above the progress bar
     with helpers.log_to(args.out / "train.log" if rank == 0 else None, echo=tqdm.write) as log:
         if rank == 0:

@@ -6,18 +6,13 @@ GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
 
 import contextlib
 import copy
-import dataclasses
 import itertools
 import math
-import os
 import pathlib
-import platform
-import socket
 import statistics
 import time
 import typing
-import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 from tokenizers import Tokenizer
@@ -25,13 +20,9 @@ from torch import nn
 from tqdm import tqdm
 
 from annotated_transformer import (
-    BASE,
     CHECKPOINT_FORMAT,
-    SMALL,
     EncodedCorpus,
     InputError,
-    ModelConfig,
-    TrainConfig,
     batch_by_tokens,
     build_model,
     check_device,
@@ -39,8 +30,6 @@ from annotated_transformer import (
     forward_loss,
     load_tokenizer,
     make_optimizer,
-    numeric,
-    rate,
     read_checkpoint,
     save_checkpoint,
     train_bpe,
@@ -53,47 +42,24 @@ from cuda_graphs import (
     bucketed_ids,
     make_capturable_optimizer,
 )
+from distributed import (
+    DistributedModel,
+    distributed_rank_and_size,
+    gather_rng_states,
+    restore_rng_state,
+    unwrap,
+)
 from fast_decoding import fast_decode_batch
+from hardware import hardware_description
+from precision import AMP_OF_PRECISION, PRECISIONS, autocast_dtype, native_bf16, tf32_matmuls
+from profiles import RunConfig
+from run_folder import RunFolder, snapshot_paths
 from safe_files import atomic_file, write_json
+from schedule import AnnealedRate, annealed_rate, plan_last_step, time_to_plan
 
 # --------------------------------------------------------------------------------------
 # Training runs that survive (ours), from chapters/training_runs.ipynb
 # --------------------------------------------------------------------------------------
-
-AMP_CHOICES = ("auto", "bf16", "fp16", "off", "fastest")
-PRECISIONS = {None: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-AMP_OF_PRECISION = {"float32": "off", "bfloat16": "bf16", "float16": "fp16"}
-
-
-def autocast_dtype(amp, device):
-    """The autocast dtype that `amp` means on `device` (None: float32 throughout); for
-    "fastest" on a CPU, see race_precisions."""
-    if amp is None or amp in ("off", "fastest"):  # fastest on a GPU: float32 (TF32)
-        return None
-    if amp not in AMP_CHOICES:
-        raise InputError(f"amp must be one of {', '.join(AMP_CHOICES)}, got {amp!r}")
-    device = torch.device(device)
-    if amp == "auto":
-        if device.type != "cuda":
-            return None
-        return torch.bfloat16 if native_bf16(device) else torch.float16
-    return torch.bfloat16 if amp == "bf16" else torch.float16
-
-
-def native_bf16(device):
-    """Whether `device` multiplies in bfloat16 natively: a GPU of compute capability 8.0
-    (Ampere) or later, a CPU with AVX-512 BF16 or AMX. Elsewhere bfloat16 is emulated, and
-    slower than float32 (torch.cuda.is_bf16_supported() says yes to an emulating T4)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_capability(device) >= (8, 0)
-    # torch's own cpuinfo, not mkldnn's check, which says yes to any AVX-512 CPU; these
-    # helpers are private to torch: should they go, the answer is no
-    try:
-        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
 
 def race_precisions(config, corpus, vocab, rounds=5):
     """float32 (None) or bfloat16, whichever trains this recipe faster on this CPU: a
@@ -117,58 +83,6 @@ def race_precisions(config, corpus, vocab, rounds=5):
                 if i:
                     seconds[amp].append(time.perf_counter() - started)
     return min(seconds, key=lambda amp: statistics.median(seconds[amp]))
-
-
-def cpu_model():
-    """The CPU's model name from /proc/cpuinfo (Linux), else what platform knows of it."""
-    try:
-        with open("/proc/cpuinfo") as file:
-            return next(line.split(":", 1)[1].strip() for line in file if "model name" in line)
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
-
-def cpu_features():
-    """The instruction sets that decide this book's CPU speeds, as /proc/cpuinfo names them
-    (Linux; elsewhere none are named): AVX2, AVX-512, AVX-512 BF16, AMX."""
-    names = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_bf16": "AVX-512 BF16"}
-    names["amx_tile"] = "AMX"
-    try:
-        with open("/proc/cpuinfo") as file:
-            flags = next(line.split(":", 1)[1].split() for line in file if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return []
-    return [name for flag, name in names.items() if flag in flags]
-
-
-def hardware_description(device="cpu"):
-    """One line naming the machine a result came from, as a reader needs it: the GPU and
-    whether its float32 products run in TF32 at the moment (tf32_matmuls), or the CPU's
-    model, the instruction sets of cpu_features and the threads used; and torch's version."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        tf32 = ", TF32 products" * (torch.backends.cuda.matmul.fp32_precision == "tf32")
-        return f"{torch.cuda.get_device_name(device)}{tf32}, torch {torch.__version__}"
-    threads, features = torch.get_num_threads(), "/".join(cpu_features()) or "no AVX2"
-    return (
-        f"{cpu_model()} ({features}), {threads} thread{'s' * (threads != 1)}, "
-        f"torch {torch.__version__}"
-    )
-
-
-def unwrap(model):
-    """The EncoderDecoder inside a DistributedDataParallel or torch.compile wrapper."""
-    while hasattr(model, "module") or hasattr(model, "_orig_mod"):
-        model = model.module if hasattr(model, "module") else model._orig_mod
-    return model
-
-
-class DistributedModel(nn.parallel.DistributedDataParallel):
-    """DistributedDataParallel that lends its model's generator (forward_loss reads it)."""
-
-    @property
-    def generator(self):
-        return self.module.generator
 
 
 def train_step_amp(model, batch, optimizer, scheduler, scaler, smoothing, ntokens=None, amp=None):
@@ -195,222 +109,6 @@ def corpus_on(corpus, device):
     moved = copy.copy(corpus)
     moved.src, moved.tgt = corpus.src.to(device), corpus.tgt.to(device)
     return moved
-
-
-def snapshot_paths(out_dir):
-    """The weight snapshots of a run, oldest first: out_dir/checkpoint-<step>.pt."""
-    return sorted(pathlib.Path(out_dir).glob("checkpoint-*.pt"))
-
-
-class RunFolderBusy(FileExistsError):
-    """Another live process is training in this folder."""
-
-
-class RunFolder:
-    """with RunFolder(out, resume): out exists, holds no finished run unless resume, is
-    locked by this process (out/.lock: host and pid), and holds no stale temporary files;
-    owner=False (torchrun ranks > 0) touches nothing."""
-
-    def __init__(self, out, resume=False, owner=True):
-        self.out, self.resume, self.owner = pathlib.Path(out), resume, owner
-        self.lock = self.out / ".lock"
-
-    def __enter__(self):
-        if not self.owner:
-            return self
-        if not self.resume and (self.out / "checkpoint.pt").exists():
-            raise FileExistsError(
-                f"{self.out / 'checkpoint.pt'} already exists; resume it (--resume) or "
-                f"start the new run in another folder, so the earlier one is kept"
-            )
-        self.out.mkdir(parents=True, exist_ok=True)
-        me = f"{socket.gethostname()} {os.getpid()}"
-        try:
-            fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            holder = self.lock.read_text().strip()
-            host, _, pid = holder.partition(" ")
-            if host != socket.gethostname() or process_alive(int(pid or 0)):
-                raise RunFolderBusy(
-                    f"{self.out} is in use by process {holder} (lock file {self.lock}); wait "
-                    f"for it to finish or train into another folder"
-                ) from None
-            self.lock.write_text(me + "\n")  # the holder died: take the folder over
-        else:
-            with os.fdopen(fd, "w") as file:
-                file.write(me + "\n")
-        for stale in self.out.glob("*.tmp"):  # from a save that was killed
-            stale.unlink()
-        return self
-
-    def __exit__(self, *exc):
-        if self.owner:
-            self.lock.unlink(missing_ok=True)
-
-
-def process_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid > 0
-
-
-RUN_LENGTH_FIELDS = (
-    *"max_steps max_seconds checkpoint_every keep_checkpoints".split(),
-    *"eval_every bleu_sentences log_every".split(),
-)
-
-
-@dataclass(frozen=True)
-class RunConfig(TrainConfig):
-    """A training run: the recipe of §5 (TrainConfig, chapter 5) and how the run goes on.
-    The fields in RUN_LENGTH_FIELDS may change when a run is resumed; every other field
-    must match.
-
-    Attributes:
-        anneal: the share of the steps after warm-up (0 to 1; 0: none) over which Eq. (3)'s
-            rate is cooled down on a line to 0 at the run's last step (max_steps, or with
-            max_seconds the step its pace so far plans)
-        max_seconds: a time budget (0: none): the run ends at the last checkpoint that its
-            pace so far puts within this many seconds of training
-        checkpoint_every: save a checkpoint every this many steps
-        keep_checkpoints: weight snapshots kept for averaging (§6.1 averages the last 5)
-        eval_every: validation loss and BLEU every this many steps (given validation pairs)
-        bleu_sentences: how many validation pairs (the first ones) are translated for BLEU
-        log_every: read the loss from the device and log it every this many steps
-        amp: the precision: off (float32; on a GPU with TF32 products), auto (bf16 on GPUs
-            of compute capability 8.0 and up, fp16 with a gradient scaler on older ones,
-            float32 on a CPU), bf16, fp16, or fastest (on a CPU, whichever of float32 and
-            bf16 trains faster, timed when bf16 is native; on a GPU float32 with TF32,
-            because eager bf16 starts slowly while every new shape is planned; a larger
-            model may step faster in bf16: time both, or use auto)
-        compile: a torch.compile backend ("inductor" is PyTorch's own) or "off" (eager)
-        cuda_graphs: replay each step as a CUDA graph: one process, uncompiled, not fp16
-            (unset: wherever that holds on a GPU; set on a CPU, the same step runs eagerly)
-        buckets: cut every batch to a few bucketed shapes (unset: on a GPU, where each new
-            shape costs cuDNN's attention a plan)
-    """
-
-    anneal: float = 0.0
-    max_seconds: float = 0.0
-    checkpoint_every: int = 500
-    keep_checkpoints: int = 5
-    eval_every: int = 500
-    bleu_sentences: int = 200
-    log_every: int = 10
-    amp: str = "off"
-    compile: str = "off"
-    cuda_graphs: bool | None = None
-    buckets: bool | None = None
-
-    def rules(self):
-        switch = ("True, False or None (unset)", lambda v: v is None or isinstance(v, bool))
-        return super().rules() | {
-            "anneal": ("a number in [0, 1]", lambda v: numeric(v) and 0 <= v <= 1),
-            "max_seconds": ("a finite number >= 0", lambda v: numeric(v) and 0 <= v < math.inf),
-            "amp": (f"one of {', '.join(AMP_CHOICES)}", lambda v: v in AMP_CHOICES),
-            "compile": ("a torch.compile backend or 'off'", lambda v: v and isinstance(v, str)),
-            "cuda_graphs": switch,
-            "buckets": switch,
-        }
-
-    def defining_fields(self):
-        """The fields a checkpoint must agree on to be resumed."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if k not in RUN_LENGTH_FIELDS}
-
-
-MULTI30K_STEPS = 8000  # updates of the multi30k recipe's full run
-PROFILES = {
-    "tiny": RunConfig(
-        model=ModelConfig(N=1, d_model=32, d_ff=64, h=2, share_embeddings=True),
-        vocab_size=200,
-        max_tokens=200,
-        warmup_steps=10,
-        max_steps=6,
-        checkpoint_every=3,
-    ),
-    "quick": RunConfig(warmup_steps=200, max_steps=300, checkpoint_every=100, eval_every=100),
-    "multi30k": RunConfig(
-        model=replace(SMALL, N=3, h=8, d_ff=512, share_embeddings=True),
-        vocab_size=5000,
-        warmup_steps=400,
-        lr_factor=0.33,
-        weight_decay=0.1,
-        smoothing=0.2,
-        max_steps=MULTI30K_STEPS,
-        checkpoint_every=250,
-        # eight validations: each adds to the whole command's time, most visibly on a GPU,
-        # which trains this recipe in under a minute; validation never changes the weights
-        eval_every=1000,
-        bleu_sentences=500,
-    ),
-    # fifteen minutes on two CPU cores: multi30k's recipe with one layer less, half the
-    # batch and label smoothing 0.1 instead of 0.2, on the reference attention (the stored
-    # CPU benchmarks time it level with the fused kernel, for a 2-layer model of this width
-    # and for base). As many
-    # steps as fit in 885 s of training (a margin under 900 s for the pace to vary), the
-    # rate cooled down to zero over the last fifth of those after warm-up, and §5.4's
-    # dropout: a faster machine makes more steps, and more steps make a better model, not an
-    # overfitted one. A rate factor of 0.5, not multi30k's 0.33 (chosen for 8000 steps of
-    # batches twice as large): the lower val loss at two seeds each (the section "Where the
-    # fifteen minutes of fast go" says what those runs can and cannot show)
-    "fast": RunConfig(
-        model=replace(SMALL, N=2, h=8, d_ff=512, share_embeddings=True, fused=False),
-        vocab_size=5000,
-        max_tokens=1000,
-        warmup_steps=400,
-        lr_factor=0.5,
-        weight_decay=0.1,
-        smoothing=0.1,
-        anneal=0.2,
-        amp="fastest",
-        max_steps=20_000,
-        max_seconds=885.0,
-        checkpoint_every=100,
-        keep_checkpoints=10,
-        eval_every=500,
-        bleu_sentences=500,
-    ),
-    # the base architecture on one GPU: batches 4x multi30k's and a quarter of its steps,
-    # but all of its 400 warm-up steps, which a 6-layer post-LN stack needs (§5.3)
-    "base": RunConfig(
-        model=replace(BASE, share_embeddings=True),
-        vocab_size=5000,
-        max_tokens=8000,
-        warmup_steps=400,
-        lr_factor=0.23,
-        weight_decay=0.1,
-        smoothing=0.2,
-        max_steps=MULTI30K_STEPS // 4,
-        checkpoint_every=100,
-        eval_every=100,
-        bleu_sentences=500,
-    ),
-}
-
-
-def apply_changes(config, changes):
-    """`config` (a RunConfig) with some fields changed: {name: value}, where a name is a
-    RunConfig field or a ModelConfig field (bare, "dropout", or "model.dropout")."""
-    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    train_fields = {f.name for f in dataclasses.fields(config)} - {"model"}
-    model_changes, train_changes = {}, {}
-    for name, value in changes.items():
-        bare = name.removeprefix("model.")
-        if bare in model_fields and bare not in train_fields:
-            model_changes[bare] = value
-        elif name in train_fields:
-            train_changes[name] = value
-        else:
-            raise InputError(
-                f"unknown field {name!r}: a change names a {type(config).__name__} field "
-                f"({', '.join(sorted(train_fields))}) or a ModelConfig field "
-                f"({', '.join(sorted(model_fields))})"
-            )
-    return replace(config, model=replace(config.model, **model_changes), **train_changes)
 
 
 @dataclass
@@ -469,109 +167,11 @@ class RunContext:
     hardware: str = ""  # the machine, as hardware_description names it, and the precision
 
 
-class AnnealedRate:
-    """anneal > 0: the rate of update k + 1 (a LambdaLR's k, as in make_optimizer) by
-    annealed_rate; LambdaLR saves this object's fields, last_step among them."""
-
-    def __init__(self, d_model, factor, warmup, share, last_step=0):
-        self.d_model, self.factor, self.warmup = d_model, factor, warmup
-        self.share, self.last_step = share, last_step
-
-    def __call__(self, k):
-        args = self.d_model, self.factor, self.warmup, self.last_step, self.share
-        return annealed_rate(k + 1, *args)
-
-
-def annealed_rate(step, model_size, factor, warmup, last_step, share=1.0):
-    """Eq. (3)'s rate at `step`, times a cool-down: 1, then over the last `share` of the
-    steps between warm-up and last_step a line falling to 0 at last_step (0: not planned
-    yet, the factor stays 1)."""
-    ramp = 1.0
-    if last_step:
-        ramp = min(1.0, max(0.0, (last_step - step) / max(share * (last_step - warmup), 1)))
-    return rate(step, model_size, factor, warmup) * ramp
-
-
-def time_to_plan(state, config):
-    """anneal > 0: plan at the first log at or past the end of warm-up and, with a time
-    budget, again at every checkpoint, so that a run whose pace changes still ends at 0."""
-    if not config.anneal or state.step < config.warmup_steps:
-        return False
-    return not state.last_step or config.max_seconds and state.step % config.checkpoint_every == 0
-
-
-def plan_last_step(state, context):
-    """Fix the step where an annealed rate reaches 0: max_steps, or with max_seconds the last
-    checkpoint that the mean pace so far puts within the budget (rank 0's clock decides for
-    all processes)."""
-    config, last = context.config, context.config.max_steps
-    if config.max_seconds:
-        fits = int(state.step * config.max_seconds / max(state.seconds, 1e-9))
-        last = min(last, max(state.step, fits - fits % config.checkpoint_every))
-        if context.world > 1:
-            last_tensor = torch.tensor(last, device=context.device)
-            torch.distributed.broadcast(last_tensor, src=0)
-            last = int(last_tensor.item())
-    if last != state.last_step:
-        context.log(f"step {state.step}: the rate will reach 0 at step {last}")
-    set_last_step(state, last)
-
-
-def set_last_step(state, last_step):
-    """Tell the run's schedule, whichever kind it is, where its rate reaches 0; the rate of
-    the next update follows at once."""
-    state.last_step, schedule = last_step, state.scheduler
-    if not isinstance(schedule, torch.optim.lr_scheduler.LambdaLR):
-        return schedule.plan(last_step)
-    schedule.lr_lambdas[0].last_step = last_step
-    for group, base in zip(schedule.optimizer.param_groups, schedule.base_lrs):
-        group["lr"] = base * schedule.lr_lambdas[0](schedule.last_epoch)
-
-
 def epoch_updates(corpus, config, epoch, world=1):
     """One epoch's updates, each a list of `world` batches (index lists), one per process,
     of max_tokens / world tokens a side; the order depends only on (seed, epoch)."""
     batches = batch_by_tokens(corpus.lengths, config.max_tokens // world, config.seed + epoch)
     return [batches[i : i + world] for i in range(0, len(batches) - world + 1, world)]
-
-
-def distributed_rank_and_size():
-    """(rank, world size) under torchrun's process group, (0, 1) in a single process."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
-
-
-def gather_rng_states(device, world):
-    """Every rank's random states (CPU, and its GPU's), gathered on all ranks."""
-    state = {"cpu": torch.get_rng_state()}
-    if torch.device(device).type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    if world == 1:
-        return [state]
-    states = [None] * world
-    torch.distributed.all_gather_object(states, state)
-    return states
-
-
-def restore_rng_state(states, rank, world, device):
-    """This rank's saved random state back in place; a different process count warns."""
-    if len(states) != world:
-        warnings.warn(
-            f"the checkpoint was written by {len(states)} process(es) and resumes in {world}: "
-            f"batches and dropout masks differ from an uninterrupted run from here on",
-            stacklevel=2,
-        )
-    if rank >= len(states):
-        return
-    torch.set_rng_state(states[rank]["cpu"])
-    if torch.device(device).type == "cuda":
-        if "cuda" in states[rank]:
-            torch.cuda.set_rng_state(states[rank]["cuda"], device)
-        else:
-            warnings.warn(
-                "no GPU random state in the checkpoint: GPU dropout starts afresh", stacklevel=2
-            )
 
 
 def validate(model, corpus, pairs, tokenizer):
@@ -925,17 +525,3 @@ def resolve_fastest(config, corpus, vocab, payload, log):
         how = "timed: the faster here" if native_bf16("cpu") else "bfloat16 is emulated here"
     log(f"amp fastest: {PRECISIONS[amp]} ({how})")
     return amp
-
-
-@contextlib.contextmanager
-def tf32_matmuls(device):
-    """On a GPU, float32 matrix products in TF32 for the duration, the old setting restored."""
-    if torch.device(device).type != "cuda":
-        yield
-        return
-    saved = torch.backends.cuda.matmul.fp32_precision
-    torch.backends.cuda.matmul.fp32_precision = "tf32"
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.fp32_precision = saved

@@ -38,6 +38,8 @@ import pandas as pd
 
 import annotated_transformer as at
 import fast_decoding as fd
+import hardware
+import profiles
 import script_helpers as helpers
 import training_runs as training
 
@@ -48,7 +50,7 @@ class Scale:
     rows missing here are not run), and how the runs are scored."""
 
     name: str
-    base: training.RunConfig
+    base: profiles.RunConfig
     rows: dict
     beam_size: int
     bleu_sentences: int | None  # the first this many val sentences; None: all of val
@@ -88,7 +90,7 @@ CPU_ROWS = {
 SCALES = {
     "cpu": Scale(
         name="cpu",
-        base=replace(training.PROFILES["multi30k"], max_steps=2000),
+        base=replace(profiles.PROFILES["multi30k"], max_steps=2000),
         rows=CPU_ROWS,
         beam_size=1,
         bleu_sentences=None,
@@ -96,7 +98,7 @@ SCALES = {
     ),
     "gpu": Scale(
         name="gpu",
-        base=training.PROFILES["base"],
+        base=profiles.PROFILES["base"],
         rows={row.label: row.changes for row in at.TABLE3_ROWS},
         beam_size=4,
         bleu_sentences=None,
@@ -104,7 +106,7 @@ SCALES = {
     ),
     "tiny": Scale(
         name="tiny",
-        base=replace(training.PROFILES["tiny"], vocab_size=300, max_tokens=300, max_steps=20),
+        base=replace(profiles.PROFILES["tiny"], vocab_size=300, max_tokens=300, max_steps=20),
         rows=CPU_ROWS,
         beam_size=1,
         bleu_sentences=16,
@@ -171,12 +173,12 @@ def run_variant(
     label, changes, base, train_pairs, val_pairs, scale, device="cpu", log=print, tokenizer=None
 ):
     """Train one Table 3 variant, the TrainConfig `base` with `changes` applied
-    (training.apply_changes), from scratch (training.train, in a temporary folder, with
+    (profiles.apply_changes), from scratch (training.train, in a temporary folder, with
     `tokenizer` or one learned from the pairs) and score it on val pairs as `scale` says:
     validation_perplexity on all of them, sacreBLEU on the first scale.bleu_sentences (all
     when None), decoding greedily (scale.beam_size 1) or with beam search. Returns the
     run's CSV row as a dict with the keys of COLUMNS."""
-    config = training.apply_changes(base, changes)
+    config = profiles.apply_changes(base, changes)
     log(f"{label} (seed {config.seed}): {helpers.command_for(config)}")
     cpu_start, wall_start = time.process_time(), time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
@@ -218,7 +220,7 @@ def run_variant(
         "train_pairs": len(train_pairs),
         "train_seconds": round(train_seconds, 1),
         "cpu_seconds": round(time.process_time() - cpu_start, 1),
-        "hardware": training.hardware_description(device),
+        "hardware": hardware.hardware_description(device),
         "scale": scale.name,
     }
     log(
@@ -360,7 +362,7 @@ def main(argv=None):
     helpers.set_threads(args.threads)
     scale = SCALES[args.scale]
     labels = selected_rows(scale, args.rows)
-    base = training.apply_changes(scale.base, helpers.given_changes(args))
+    base = profiles.apply_changes(scale.base, helpers.given_changes(args))
     # one checkpoint, at the end: a variant is trained once, from scratch, in a temporary folder
     base = replace(base, checkpoint_every=base.max_steps, keep_checkpoints=1)
     train_pairs = helpers.load_multi30k("train", data_dir=args.data_dir)[: args.train_pairs]
@@ -376,7 +378,7 @@ def main(argv=None):
     with helpers.log_to(args.out / "variations.log") as log:
         log(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {args.scale} scale ({scale.note}); {base}")
         for label, seed in itertools.product(labels, args.seeds):
-            config = training.apply_changes(replace(base, seed=seed), scale.rows[label])
+            config = profiles.apply_changes(replace(base, seed=seed), scale.rows[label])
             planned = {
                 "row": label,
                 "changes": describe(scale.rows[label]),

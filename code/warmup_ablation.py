@@ -25,8 +25,8 @@ import time
 import torch
 
 import annotated_transformer as at
+import hardware
 import script_helpers as helpers
-import training_runs as training
 
 COLUMNS = ["N", "warmup", "seed", "step", "loss", "accuracy", "d_model", "peak_lr", "hardware"]
 
@@ -105,7 +105,7 @@ def main(argv=None):
     parser.add_argument("--length", type=count, default=10, help="copy-task sequence length")
     args = parser.parse_args(argv)
     extra = {"d_model": args.d_model, "peak_lr": args.peak_lr}
-    extra["hardware"] = training.hardware_description()  # CPU, threads, instruction sets, torch
+    extra["hardware"] = hardware.hardware_description()  # CPU, threads, instruction sets, torch
     rows = []
     for N, warmup in args.arms:
         for seed in args.seeds:

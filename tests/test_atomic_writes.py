@@ -28,7 +28,7 @@ ALLOWED = {
     ("script_helpers.py", "log_to"): "a log grows by appends of whole lines, which a crash "
     "cannot tear in two; renaming a new copy into place for each line would rewrite the whole "
     "log every time",
-    ("training_runs.py", "RunFolder.__enter__"): "the run folder's lock file: creating it with "
+    ("run_folder.py", "RunFolder.__enter__"): "the run folder's lock file: creating it with "
     "O_EXCL is the lock itself, which a rename onto the name would silently take from its owner",
 }
 OPENERS = {"open", "io.open", "os.fdopen", "gzip.open", "bz2.open", "lzma.open"}

@@ -17,8 +17,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import annotated_transformer as at
 import benchmark
+import profiles
 import script_helpers as helpers
 import training_runs as training
+from hardware import hardware_description
 
 TINY = benchmark.CONFIGS["tiny"]
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -134,8 +136,8 @@ def test_the_twin_of_a_profile_model_shares_its_embeddings_and_has_our_count_plu
 ):
     # the training-sized row's baseline: one matrix for both embeddings and the generator,
     # as in our model (§3.4), so only the documented extras differ
-    c = training.PROFILES[profile].model
-    vocab = training.PROFILES[profile].vocab_size
+    c = profiles.PROFILES[profile].model
+    vocab = profiles.PROFILES[profile].vocab_size
     assert c.share_embeddings
     ours = at.count_parameters(at.build_model(vocab, vocab, c))
     twin = benchmark.TorchTransformer(vocab, c)
@@ -303,7 +305,7 @@ def multi30k(tmp_path_factory):
 
 def test_the_training_sized_row_trains_on_real_multi30k_batches(multi30k, monkeypatch):
     data, cache = multi30k
-    bench, profile = benchmark.CONFIGS["multi30k"], training.PROFILES["multi30k"]
+    bench, profile = benchmark.CONFIGS["multi30k"], profiles.PROFILES["multi30k"]
     assert (bench.profile, bench.corpus) == ("multi30k", "multi30k")
     monkeypatch.setenv("MULTI30K_DIR", str(LOCAL_COPY))
     pairs = helpers.load_multi30k("train")
@@ -472,7 +474,7 @@ def test_quick_run_writes_json_with_every_row_and_ratio(tmp_path, capsys):
     assert {"schema", "command", "created", "settings", "hardware", "runs"} == set(results)
     hardware = results["hardware"]
     torch.set_num_threads(1)  # as during the run: the description names the thread count
-    assert hardware["description"] == training.hardware_description("cpu")
+    assert hardware["description"] == hardware_description("cpu")
     assert hardware["threads"] == 1 and hardware["torch"] == torch.__version__
     assert len(hardware["load_average_start"]) == len(hardware["load_average_end"]) == 3
     assert hardware["gpu"] is None and hardware["gpu_bf16_peak_flops"] is None
@@ -513,7 +515,7 @@ def test_quick_run_writes_json_with_every_row_and_ratio(tmp_path, capsys):
     # the stand-in for the training-sized row: real batches of a made-up corpus
     profile = results["runs"]["tiny-profile"]
     data = profile["data"]
-    assert profile["config"]["recipe"] == json.loads(json.dumps(asdict(training.PROFILES["tiny"])))
+    assert profile["config"]["recipe"] == json.loads(json.dumps(asdict(profiles.PROFILES["tiny"])))
     assert data["corpus"] == "stand-in" and len(data["batches"]) == 2
     tokens = sum(b["target_tokens"] for b in data["batches"])
     assert set(profile["rows"]) - {"train/ours-fused-bf16", "train/torch-bf16"} == {

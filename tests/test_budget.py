@@ -7,6 +7,8 @@ import json
 import pytest
 
 import budget
+import precision
+import profiles
 import script_helpers as helpers
 import training_runs as training
 from toy import TINY, quiet, toy_pairs
@@ -16,7 +18,7 @@ BUDGETED = dataclasses.replace(TINY, max_seconds=30.0, eval_every=4, bleu_senten
 
 @pytest.fixture
 def toy_profile(monkeypatch, tmp_path):
-    monkeypatch.setitem(training.PROFILES, "toy-budget", BUDGETED)
+    monkeypatch.setitem(profiles.PROFILES, "toy-budget", BUDGETED)
     monkeypatch.setattr(helpers, "load_multi30k", lambda split, data_dir=None: toy_pairs(40))
     run = tmp_path / "run"
     training.train(dataclasses.replace(BUDGETED, max_seconds=0.0), toy_pairs(40), run, log=quiet)
@@ -32,7 +34,7 @@ def test_the_budget_splits_an_update_and_counts_what_a_run_adds(toy_profile, tmp
     assert set(float32) == {"cut", "forward", "backward", "optimizer"}
     assert all(seconds > 0 for seconds in float32.values())
     assert set(found["update_parts_seconds"]) == {"float32"} | (
-        {"bfloat16"} if training.native_bf16("cpu") else set()
+        {"bfloat16"} if precision.native_bf16("cpu") else set()
     )
     plan = found["budget"]
     assert plan["precision"] == "float32"  # what the run trained in

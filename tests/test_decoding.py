@@ -13,6 +13,7 @@ import torch
 
 import annotated_transformer as at
 import fast_decoding as fd
+import run_folder
 import training_runs as training
 from toy import TINY, quiet, toy_pairs
 
@@ -394,7 +395,7 @@ def tiny_run(tmp_path_factory):
 
 def test_averaging_identical_checkpoints_is_the_identity(tiny_run):
     folder, _, _ = tiny_run
-    last = training.snapshot_paths(folder)[-1]
+    last = run_folder.snapshot_paths(folder)[-1]
     averaged = at.average_checkpoints([last, last, last])
     weights = torch.load(last, weights_only=True)["model"]
     assert averaged["model"].keys() == weights.keys()
@@ -403,7 +404,7 @@ def test_averaging_identical_checkpoints_is_the_identity(tiny_run):
 
 def test_averaging_two_checkpoints_is_the_mean_of_their_weights(tiny_run, tmp_path):
     folder, _, _ = tiny_run
-    paths = training.snapshot_paths(folder)
+    paths = run_folder.snapshot_paths(folder)
     assert [p.name for p in paths] == ["checkpoint-0000003.pt", "checkpoint-0000006.pt"]
     a, b = (torch.load(p, weights_only=True)["model"] for p in paths)
     averaged = at.average_checkpoints(paths)
@@ -422,7 +423,7 @@ def test_an_average_stores_a_tied_matrix_once(tiny_run, tmp_path):
     folder, model, _ = tiny_run  # TINY shares its embeddings and pre-softmax weights (§3.4)
     tied = ["src_embed.0.embedding.weight", "tgt_embed.0.embedding.weight"]
     tied.append("generator.projection.weight")
-    averaged = at.average_checkpoints(training.snapshot_paths(folder))["model"]
+    averaged = at.average_checkpoints(run_folder.snapshot_paths(folder))["model"]
     assert len({averaged[name].data_ptr() for name in tied}) == 1
     at.save_checkpoint(tmp_path / "averaged.pt", {"model": averaged})
     stored = torch.load(tmp_path / "averaged.pt", weights_only=True)["model"]
@@ -440,7 +441,7 @@ def test_the_shipped_average_holds_each_parameter_once():
 
 def test_checkpoints_of_different_runs_are_not_averaged(tiny_run, tmp_path):
     folder, _, _ = tiny_run
-    last = training.snapshot_paths(folder)[-1]
+    last = run_folder.snapshot_paths(folder)[-1]
     other = dict(torch.load(last, weights_only=True))
     other["config"] = {**other["config"], "smoothing": 0.3}
     torch.save(other, tmp_path / "other.pt")
@@ -448,7 +449,7 @@ def test_checkpoints_of_different_runs_are_not_averaged(tiny_run, tmp_path):
         at.average_checkpoints([last, tmp_path / "other.pt"])
     # a run on other sentences: the same config, another vocabulary
     training.train(TINY, toy_pairs(seed=3), tmp_path / "b", log=quiet)
-    second = training.snapshot_paths(tmp_path / "b")[-1]
+    second = run_folder.snapshot_paths(tmp_path / "b")[-1]
     assert json.loads(other["tokenizer"]) != json.loads(at.read_checkpoint(second)["tokenizer"])
     with pytest.raises(ValueError, match="have a different tokenizer: they come from different"):
         at.average_checkpoints([last, second])
@@ -458,7 +459,7 @@ def test_checkpoints_of_different_runs_are_not_averaged(tiny_run, tmp_path):
 
 def test_load_checkpoint_restores_the_trained_model(tiny_run):
     folder, trained, tokenizer = tiny_run
-    for path in (folder / "checkpoint.pt", training.snapshot_paths(folder)[-1]):
+    for path in (folder / "checkpoint.pt", run_folder.snapshot_paths(folder)[-1]):
         model, loaded_tokenizer = at.load_checkpoint(path)
         assert not model.training
         assert loaded_tokenizer.to_str() == tokenizer.to_str()

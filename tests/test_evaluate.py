@@ -11,6 +11,8 @@ import torch
 import annotated_transformer as at
 import evaluate
 import fast_decoding as fd
+import hardware
+import run_folder
 import scoring
 import script_helpers as helpers
 import training_runs as training
@@ -71,7 +73,7 @@ def test_evaluate_command_line_writes_the_table(tiny_run, tmp_path, short_output
     # the averaged weights are stored in float16, and load back into a float32 model
     stored = at.read_checkpoint(tmp_path / "averaged.pt")["model"]
     assert {t.dtype for t in stored.values() if t.is_floating_point()} == {torch.float16}
-    snapshots = [at.read_checkpoint(p)["model"] for p in training.snapshot_paths(tiny_run)[-2:]]
+    snapshots = [at.read_checkpoint(p)["model"] for p in run_folder.snapshot_paths(tiny_run)[-2:]]
     model, _ = at.load_checkpoint(tmp_path / "averaged.pt")
     for name, tensor in model.state_dict().items():
         # the mean of the two snapshots in float64, rounded to float16 once
@@ -82,7 +84,7 @@ def test_evaluate_command_line_writes_the_table(tiny_run, tmp_path, short_output
 
 
 def test_evaluate_takes_its_settings_as_parameters(tiny_run, tmp_path, short_outputs):
-    snapshots = training.snapshot_paths(tiny_run)
+    snapshots = run_folder.snapshot_paths(tiny_run)
     evaluate.evaluate(tiny_run, tmp_path, snapshots, average=1, limit=3, dtype="float32")
     evaluation = json.loads((tmp_path / "evaluation.json").read_text())
     assert evaluation["averaged_steps"] == [6] and evaluation["sentences"] == {
@@ -95,7 +97,7 @@ def test_evaluate_takes_its_settings_as_parameters(tiny_run, tmp_path, short_out
     # the training machine, as the run recorded it with its precision, not the scorer's
     trained_on = json.loads((tiny_run / "metrics.json").read_text())["hardware"]
     assert evaluation["hardware"] == trained_on and trained_on.endswith(", float32")
-    assert trained_on.startswith(training.hardware_description())
+    assert trained_on.startswith(hardware.hardware_description())
 
 
 @pytest.mark.parametrize("value", ["", "0.6,", "-1", "0.6,x", "inf", "nan"])
@@ -109,7 +111,7 @@ def test_evaluate_refuses_alphas_that_are_not_finite_numbers_at_least_zero(value
 def test_every_row_stores_its_hypotheses_and_they_score_as_the_table_says(
     tiny_run, tmp_path, short_outputs
 ):
-    evaluate.evaluate(tiny_run, tmp_path, training.snapshot_paths(tiny_run), alphas=(0.6,))
+    evaluate.evaluate(tiny_run, tmp_path, run_folder.snapshot_paths(tiny_run), alphas=(0.6,))
     evaluation = json.loads((tmp_path / "evaluation.json").read_text())
     references = [t for _, t in helpers.load_multi30k("val")]  # toy pairs, the same for both
     assert len(scoring.stored_settings(tmp_path)) == len(evaluation["results"]) == 8
@@ -154,8 +156,13 @@ def test_evaluate_decodes_test_only_at_the_alpha_that_val_chose(
             "length_ratio": alpha / 2,
         }
 
-    val_pairs = helpers.load_multi30k("val")
+    def decoded(model, src, src_mask, beam_size, alpha):  # every batch any row decodes
+        alphas.append((model.training, beam_size, alpha))
+        return real_decode(model, src, src_mask, beam_size, alpha)
+
+    val_pairs, alphas, real_decode = helpers.load_multi30k("val"), [], fd.fast_decode_batch
     monkeypatch.setattr(at, "evaluate_bleu", recorded)
+    monkeypatch.setattr(fd, "fast_decode_batch", decoded)
     flags = ["--average", "2", "--alpha", "0.6,1.2,0.9"]
     assert evaluate.main(["--run", str(tiny_run), "--out", str(tmp_path), *flags]) == 0
     evaluation = json.loads((tmp_path / "evaluation.json").read_text())
@@ -170,18 +177,27 @@ def test_evaluate_decodes_test_only_at_the_alpha_that_val_chose(
     assert {alpha for _, beam, alpha in calls[3:] if beam == 4} == {0.9}
     assert ("test2016", 4, 1.2) not in calls and ("test2016", 4, 0.6) not in calls
     assert {r["decoding"] for r in evaluation["results"]} == {"greedy", "beam 4, alpha 0.9"}
+    paper = scoring.read_hypotheses(
+        tmp_path, split="test2016", decoding="beam-0.6", weights="averaged"
+    )
+    model, tokenizer = at.load_checkpoint(tmp_path / "averaged.pt")
+    sources = [source for source, _ in helpers.load_multi30k("test2016")]
+    # test2016 once more at §6.1's 0.6 with the averaged weights, stored but not a row (the
+    # table's decodings are checked above), as the paper's own decoder gives it
+    assert paper == at.translate(model, tokenizer, sources, 4, 0.6)
+    assert {alpha for _, beam, alpha in alphas if beam == 4} == {0.6, 1.2, 0.9}
     # the averaged weights record val's choice, which translate.py decodes with by default
     assert at.read_checkpoint(tmp_path / "averaged.pt")["alpha"] == 0.9
     assert helpers.recorded_alpha(at.read_checkpoint(tmp_path / "averaged.pt")) == 0.9
     assert (
-        helpers.recorded_alpha(at.read_checkpoint(training.snapshot_paths(tiny_run)[-1])) == 0.6
+        helpers.recorded_alpha(at.read_checkpoint(run_folder.snapshot_paths(tiny_run)[-1])) == 0.6
     )  # none: §6.1's
 
 
 def test_stored_scores_an_average_whose_run_is_gone_and_keeps_its_record(
     tiny_run, tmp_path, short_outputs, monkeypatch
 ):
-    evaluate.evaluate(tiny_run, tmp_path, training.snapshot_paths(tiny_run), alphas=(0.6,))
+    evaluate.evaluate(tiny_run, tmp_path, run_folder.snapshot_paths(tiny_run), alphas=(0.6,))
     before = json.loads((tmp_path / "evaluation.json").read_text())
     weights = at.read_checkpoint(tmp_path / "averaged.pt")["model"]
     real = at.evaluate_bleu
@@ -225,7 +241,7 @@ def test_evaluate_keeps_the_first_of_equal_alphas(tiny_run, tmp_path, short_outp
     monkeypatch.setattr(
         at, "evaluate_bleu", lambda *args: {**real(*args), "bleu": 20.0}
     )  # every alpha ties
-    evaluate.evaluate(tiny_run, tmp_path, training.snapshot_paths(tiny_run), alphas=(1.0, 0.6))
+    evaluate.evaluate(tiny_run, tmp_path, run_folder.snapshot_paths(tiny_run), alphas=(1.0, 0.6))
     assert json.loads((tmp_path / "evaluation.json").read_text())["alpha"] == 1.0
 
 
@@ -236,7 +252,7 @@ def test_evaluate_within_hours_scores_the_run_as_it_stood_then(tmp_path, short_o
     training.train(config, toy_pairs(), folder, val_pairs=toy_pairs(4, seed=3), log=quiet)
     # the tiny run takes well under a second: give its snapshots the training times of a
     # long one, half an hour and two hours, so that one hour falls between them
-    for path, seconds in zip(training.snapshot_paths(folder), (1800.0, 7200.0)):
+    for path, seconds in zip(run_folder.snapshot_paths(folder), (1800.0, 7200.0)):
         payload = at.read_checkpoint(path)
         payload["validation"]["seconds"] = seconds
         at.save_checkpoint(path, payload)

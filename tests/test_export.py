@@ -17,7 +17,7 @@ def test_committed_modules_match_the_chapters():
     modules = export.generate_all()
     assert set(modules) == {
         export.MODULE,
-        *(export.MODULE.parent / f"{page}.py" for page in BACK_MATTER_MODULES),
+        *(export.MODULE.parent / f"{name}.py" for name in (*PAGE_MODULES, *JOB_MODULES)),
     }
     for path, generated in modules.items():
         assert path.read_text() == generated, (
@@ -25,7 +25,10 @@ def test_committed_modules_match_the_chapters():
         )
 
 
-BACK_MATTER_MODULES = ("fast_decoding", "cuda_graphs", "training_runs")  # in reading order
+PAGE_MODULES = ("fast_decoding", "cuda_graphs", "training_runs")  # in reading order
+# filed by job from the back matter's pages (`#| export <module>`), as CONTRIBUTING lists them
+JOB_MODULES = ("precision", "distributed", "run_folder", "profiles", "schedule")
+BACK_MATTER_MODULES = (*PAGE_MODULES, *JOB_MODULES)
 # what belongs to the back matter: fast decoding, CUDA graphs, runs that survive (the
 # checkpoint format is the paper's: 6.1 reads and writes it, beside averaging)
 MACHINERY = (
@@ -38,7 +41,7 @@ MACHINERY = (
 def test_the_papers_module_holds_chapters_3_to_6_and_no_machinery():
     """The paper's module names no lock, checkpoint format, scaler, CUDA graph or cache of the
     back matter, and imports none of its modules; each back-matter module imports the
-    paper's, and its code comes from its own page only."""
+    paper's, and its code comes from back-matter pages only."""
     text = export.MODULE.read_text()
     tree = ast.parse(text)
     imported = {
@@ -52,18 +55,24 @@ def test_the_papers_module_holds_chapters_3_to_6_and_no_machinery():
     assert not found, f"the paper's module names machinery of the back matter: {found}"
     banners = re.findall(r"^# .*, from (chapters/\S+)\.ipynb$", text, re.M)
     assert banners and all(b.split("/")[1][:2].isdigit() for b in banners), banners
-    for page in BACK_MATTER_MODULES:
-        module = (export.MODULE.parent / f"{page}.py").read_text()
-        assert "from annotated_transformer import" in module
-        assert re.findall(r"^# .*, from (chapters/\S+)\.ipynb$", module, re.M) == [
-            f"chapters/{page}"
-        ]
+    back_matter = {f"chapters/{page}" for page in PAGE_MODULES}
+    for name in BACK_MATTER_MODULES:
+        module = (export.MODULE.parent / f"{name}.py").read_text()
+        assert "from annotated_transformer import" in module or name in JOB_MODULES, name
+        banners = re.findall(r"^# .*, from (chapters/\S+)\.ipynb$", module, re.M)
+        if name in PAGE_MODULES:
+            assert banners == [f"chapters/{name}"]
+        assert banners and set(banners) <= back_matter, (name, banners)
 
 
 def imported_modules(path):
     """Every module a file imports, at its top or inside a function."""
+    return imported_in(path.read_text())
+
+
+def imported_in(source):
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found |= {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
@@ -71,16 +80,106 @@ def imported_modules(path):
     return found
 
 
-def test_each_pages_module_imports_only_pages_that_come_before_it():
-    """Reading order is import order: a page's module may use the paper's and the back-matter
-    pages before it, never one after it, not even inside a function."""
-    pages = [f.split("/")[-1] for f in export.toc_files()]
-    modules = {path.stem: path for path in export.generate_all()}
-    order = {name: pages.index(name) if name in pages else -1 for name in modules}  # paper: -1
-    assert order["annotated_transformer"] == -1 and all(order[m] >= 0 for m in BACK_MATTER_MODULES)
-    for name, path in modules.items():
-        later = {other for other in modules if order[other] > order[name]}
+def first_pages():
+    """{generated module: the position in _toc.yml of the first page whose cells build it}"""
+    files = export.toc_files()
+    return {
+        name: files.index(str(next(iter(pages)).relative_to(export.ROOT).with_suffix("")))
+        for name, pages in export.module_plan().items()
+    }
+
+
+def test_each_generated_module_imports_only_modules_of_its_page_or_earlier_ones():
+    """Reading order is import order: a module may use the modules built by its own page and
+    the pages before it, never one after it, not even inside a function."""
+    order = first_pages()
+    assert set(order) == {export.MODULE.stem, *BACK_MATTER_MODULES}
+    assert all(order[m] > order[export.MODULE.stem] for m in BACK_MATTER_MODULES)
+    for name in order:
+        later = {other for other in order if order[other] > order[name]}
+        path = export.MODULE.parent / f"{name}.py"
         assert not imported_modules(path) & later, f"{name} imports a page after it: {later}"
+
+
+def test_every_page_imports_only_modules_built_by_it_or_by_earlier_pages():
+    """A reader who opens a page has read the pages before it: no cell of a page, shown,
+    folded or hidden, imports a module that a later page builds. Modules written by hand
+    (plots, hardware, safe_files, ...) are no page's and may be imported anywhere."""
+    order, files = first_pages(), export.toc_files()
+    reaching = []
+    for position, file in enumerate(files):
+        path = export.ROOT / f"{file}.ipynb"
+        if not path.exists():
+            continue
+        for number, cell in enumerate(json.loads(path.read_text())["cells"], start=1):
+            if cell["cell_type"] != "code":
+                continue
+            source = "".join(cell["source"])
+            later = {m for m in imported_in(source) if order.get(m, -1) > position}
+            reaching += [f"{file}, cell {number}: {m}" for m in sorted(later)]
+    assert not reaching, reaching
+
+
+def _project(tmp_path, pages):
+    """A small book in tmp_path: {page name: [cell sources]}, in reading order, the first
+    being the paper's page."""
+    (tmp_path / "code").mkdir()
+    (tmp_path / "chapters").mkdir()
+    (tmp_path / "code" / "helpers.py").write_text('"""written by hand"""\n')
+    names = list(pages)
+    toc = {
+        "root": "index",
+        "parts": [
+            {"chapters": [{"file": f"chapters/{names[0]}"}]},
+            {"chapters": [{"file": f"chapters/{n}"} for n in names[1:]]},
+        ],
+    }
+    (tmp_path / "_toc.yml").write_text(json.dumps(toc))
+    for name, sources in pages.items():
+        _notebook(tmp_path / "chapters", *sources).rename(tmp_path / "chapters" / f"{name}.ipynb")
+    return tmp_path
+
+
+def test_a_cell_that_names_a_module_is_filed_there_with_the_imports_it_uses(tmp_path):
+    root = _project(
+        tmp_path,
+        {
+            "03_model": ["#| export\nimport math\n\n\ndef area(r):\n    return math.pi * r * r\n"],
+            "loops": [
+                "#| export\nimport os\nimport math\nfrom model import area\n",
+                '#| export timing\n"""Clocks."""\n\n\ndef now():\n    return os.times()\n',
+                "#| export\ndef disc(r):\n    return area(r), now()\n",
+                "#| export timing\nLIMIT = math.inf\n",
+            ],
+        },
+    )
+    modules = {path.stem: text for path, text in export.generate_all(root).items()}
+    assert set(modules) == {"annotated_transformer", "loops", "timing"}
+    timing, loops = modules["timing"], modules["loops"]
+    assert timing.startswith('"""Clocks.\n\nGENERATED FILE, DO NOT EDIT.')
+    assert "#| export timing` in chapters/loops.ipynb" in timing
+    # each module keeps the page's imports it uses, and borrows from its page's siblings
+    assert "import math\nimport os\n" in timing and "from model" not in timing
+    assert "def now():" in timing and "LIMIT = math.inf" in timing and "disc" not in timing
+    assert "import os" not in loops and "import math" not in loops
+    assert "from model import area\n" in loops and "from timing import now\n" in loops
+    assert "def disc(r):" in loops and "def now" not in loops
+    for text in modules.values():
+        compile(text, "module", "exec")
+
+
+@pytest.mark.parametrize(
+    "cells, message",
+    [
+        (["#| export Timing\nX = 1\n"], "is not a module name"),
+        (["#| export timing\ndef now():\n    pass\n"], "must begin with a string"),
+        (['#| export helpers\n"""Mine."""\nX = 1\n'], "written by hand"),
+    ],
+)
+def test_a_misnamed_or_undescribed_module_is_refused(tmp_path, cells, message):
+    root = _project(tmp_path, {"03_model": ["#| export\nY = 2\n"], "loops": cells})
+    with pytest.raises(export.ExportError, match=message):
+        export.generate_all(root)
 
 
 def test_check_flag_reports_drift(tmp_path, monkeypatch, capsys):
@@ -148,7 +247,7 @@ def test_module_imports_without_side_effects(tmp_path):
         "import sys\n"
         "import annotated_transformer as at\n"
         "assert at.BASE.d_model == 512 and callable(at.make_model)\n"
-        "loaded = {'training_runs', 'cuda_graphs', 'fast_decoding'} & set(sys.modules)\n"
+        f"loaded = {set(BACK_MATTER_MODULES)!r} & set(sys.modules)\n"
         "assert not loaded, loaded\n"
     )
     result = subprocess.run(
@@ -169,7 +268,7 @@ def test_module_imports_without_side_effects(tmp_path):
     "module, unwanted",
     [
         ("safe_files", {"torch", "annotated_transformer"}),  # written files need no torch
-        ("script_helpers", {"training_runs", "cuda_graphs", "fast_decoding"}),
+        ("script_helpers", {"training_runs", "cuda_graphs", "fast_decoding", "distributed"}),
         ("translate", {"training_runs", "cuda_graphs"}),  # translating trains nothing
     ],
 )

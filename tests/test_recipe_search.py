@@ -4,9 +4,9 @@ import csv
 
 import pytest
 
+import profiles
 import recipe_search
 import script_helpers as helpers
-import training_runs as training
 from toy import TINY, toy_pairs
 
 
@@ -19,7 +19,7 @@ def tiny_search(monkeypatch):
         return toy_pairs(40, seed={"train": 0, "val": 1}[split])
 
     monkeypatch.setattr(helpers, "load_multi30k", load)
-    start = training.apply_changes(
+    start = profiles.apply_changes(
         TINY, {"eval_every": 3, "checkpoint_every": 3, "bleu_sentences": 5, "max_steps": 3}
     )
     monkeypatch.setattr(recipe_search, "START", start)

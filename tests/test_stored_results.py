@@ -85,3 +85,18 @@ def test_the_readme_quotes_the_scores_the_stored_runs_hold():
         ]
     mean, sd = statistics.fmean(scores), statistics.stdev(scores)
     assert f"score {mean:.2f} ±\n  {sd:.2f} sacreBLEU on test2016" in readme
+
+
+@pytest.mark.parametrize("run, profile", [("multi30k", "multi30k"), ("fast", "fast")])
+def test_the_stored_runs_were_trained_with_the_profiles_of_their_names(run, profile):
+    """Chapter 6.1 describes the profiles through the configs its stored runs recorded: each
+    recorded field (those that define a run; the run-length fields are not recorded) is the
+    profile's, the model's fields too."""
+    import dataclasses
+
+    import profiles
+
+    recorded = json.loads((ROOT / "results" / run / "evaluation.json").read_text())["config"]
+    expected = dataclasses.asdict(profiles.PROFILES[profile])
+    assert {"model", "lr_factor", "smoothing", "max_tokens"} <= recorded.keys()
+    assert recorded == {name: expected[name] for name in recorded}

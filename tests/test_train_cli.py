@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import annotated_transformer as at
+import profiles
 import safe_files
 import script_helpers as helpers
 import train
@@ -54,7 +55,7 @@ def test_every_config_field_is_a_flag_that_parses():
     given = {bool: [], int: ["3"], float: ["0.25"], str: ["learned"]}
     parsed = {bool: True, int: 3, float: 0.25, str: "learned"}
     names = set()
-    for field in dataclasses.fields(training.RunConfig) + dataclasses.fields(at.ModelConfig):
+    for field in dataclasses.fields(profiles.RunConfig) + dataclasses.fields(at.ModelConfig):
         if field.name == "model":
             continue
         kind = {int | None: int, bool | None: bool}.get(field.type, field.type)  # None: unset
@@ -69,14 +70,14 @@ def test_booleans_have_a_yes_and_a_no_form_and_unset_flags_keep_the_profile():
     args = train.parse_args(["--out", "x", "--no-pre-norm", "--share-embeddings"])
     assert args.pre_norm is False and args.share_embeddings is True
     assert args.dropout is None and args.max_steps is None
-    assert train.config_from_args(train.parse_args(["--out", "x"])) == training.PROFILES["multi30k"]
+    assert train.config_from_args(train.parse_args(["--out", "x"])) == profiles.PROFILES["multi30k"]
 
 
 def test_a_field_documented_in_its_class_docstring_becomes_a_flag_with_that_help(
     monkeypatch, capsys
 ):
     @dataclasses.dataclass(frozen=True)
-    class Extended(training.RunConfig):
+    class Extended(profiles.RunConfig):
         """A made-up recipe with one more field.
 
         Attributes:
@@ -86,7 +87,7 @@ def test_a_field_documented_in_its_class_docstring_becomes_a_flag_with_that_help
 
         gradient_clip: float = 0.0
 
-    monkeypatch.setattr(training, "RunConfig", Extended)
+    monkeypatch.setattr(profiles, "RunConfig", Extended)
     assert train.parse_args(["--out", "x", "--gradient-clip", "1.5"]).gradient_clip == 1.5
     with pytest.raises(SystemExit):
         train.parse_args(["--help"])
@@ -106,7 +107,7 @@ def test_every_train_and_model_config_field_has_help():
 def test_flags_override_the_profile_and_the_logged_command_round_trips():
     argv = ["--out", "x", "--d-model", "128", "--pre-norm", "--lr-factor", "0.5", "--h", "8"]
     config = train.config_from_args(train.parse_args([*argv, "--N", "1"]))
-    profile = training.PROFILES["multi30k"]  # the default profile
+    profile = profiles.PROFILES["multi30k"]  # the default profile
     changed = dict(d_model=128, pre_norm=True, h=8, N=1)  # N=1: a flag with a value, not --N
     assert config.model == dataclasses.replace(profile.model, **changed)
     assert config == dataclasses.replace(profile, model=config.model, lr_factor=0.5)

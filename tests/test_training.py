@@ -16,8 +16,14 @@ import torch
 import torch.nn.functional as F
 
 import annotated_transformer as at
+import distributed
 import fast_decoding as fd
+import hardware
+import precision
+import profiles
+import run_folder
 import safe_files
+import schedule
 import training_runs as training
 from cuda_graphs import bucketed_batch
 from host_work import host_work
@@ -107,7 +113,7 @@ def test_warmup_ablation_small_run_writes_one_row_per_logged_step_and_the_machin
     ]  # fmt: skip
     assert [r["accuracy"] != "" for r in rows] == [False, False, True] * 2
     assert all(0 <= float(r["accuracy"]) <= 1 for r in rows if r["accuracy"])
-    assert all(r["hardware"] == training.hardware_description() for r in rows)
+    assert all(r["hardware"] == hardware.hardware_description() for r in rows)
     assert all(math.isfinite(float(r["loss"])) for r in rows)
 
 
@@ -233,7 +239,7 @@ def test_run_writes_checkpoint_tokenizer_and_metrics(tmp_path):
     tokenizer = at.load_tokenizer(tmp_path / "tokenizer.json")
     assert checkpoint["tokenizer"] == tokenizer.to_str()  # a checkpoint is self-contained
     assert tokenizer.get_vocab_size() <= 200
-    snapshots = [p.name for p in training.snapshot_paths(tmp_path)]
+    snapshots = [p.name for p in run_folder.snapshot_paths(tmp_path)]
     assert snapshots == ["checkpoint-0000003.pt", "checkpoint-0000006.pt"]
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert [h["step"] for h in metrics["history"]] == [1, 2, 3, 4, 5, 6]
@@ -279,7 +285,7 @@ def test_a_time_budget_ends_the_run_at_the_last_checkpoint_its_pace_fits(
     # past the 10 s budget: the run ends at step 9, its last snapshot
     checkpoint = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
     assert len(history) == 9 and checkpoint["step"] == 9 and checkpoint["seconds"] == 9.0
-    assert training.snapshot_paths(tmp_path / "a")[-1].name == "checkpoint-0000009.pt"
+    assert run_folder.snapshot_paths(tmp_path / "a")[-1].name == "checkpoint-0000009.pt"
     # a larger budget on resume continues the run: at step 12 the next would end at 15 s
     longer = dataclasses.replace(config, max_seconds=14.0)
     _, _, history = training.train(longer, toy_pairs(), tmp_path / "a", resume=True, log=quiet)
@@ -355,15 +361,15 @@ def test_out_of_time_asks_at_checkpoints_whether_the_next_one_would_pass_the_bud
 def test_the_annealed_rate_is_eq_3_until_warmup_ends_then_falls_on_a_line_to_zero():
     d_model, factor, warmup, last = 256, 0.33, 400, 2400
     for step in (1, 100, 399, 400):  # warm-up: Eq. (3) itself, planned or not
-        assert training.annealed_rate(step, d_model, factor, warmup, last) == at.rate(
+        assert schedule.annealed_rate(step, d_model, factor, warmup, last) == at.rate(
             step, d_model, factor, warmup
         )
     # by hand: halfway from 400 to 2400, Eq. (3)'s 1400^-0.5 branch times one half
     halfway = factor * d_model**-0.5 * 1400**-0.5 * 0.5
-    assert training.annealed_rate(1400, d_model, factor, warmup, last) == pytest.approx(halfway)
-    assert training.annealed_rate(last, d_model, factor, warmup, last) == 0.0
-    assert training.annealed_rate(last + 50, d_model, factor, warmup, last) == 0.0
-    assert training.annealed_rate(1400, d_model, factor, warmup, 0) == at.rate(
+    assert schedule.annealed_rate(1400, d_model, factor, warmup, last) == pytest.approx(halfway)
+    assert schedule.annealed_rate(last, d_model, factor, warmup, last) == 0.0
+    assert schedule.annealed_rate(last + 50, d_model, factor, warmup, last) == 0.0
+    assert schedule.annealed_rate(1400, d_model, factor, warmup, 0) == at.rate(
         1400, d_model, factor, warmup
     )
 
@@ -373,12 +379,12 @@ def test_the_plain_and_the_device_schedule_anneal_alike_once_planned():
     plain, graphed = (
         training.RunState.new(config, 50, cuda_graphs=graphs) for graphs in (False, True)
     )
-    assert isinstance(plain.scheduler.lr_lambdas[0], training.AnnealedRate)
+    assert isinstance(plain.scheduler.lr_lambdas[0], schedule.AnnealedRate)
     d_model, factor = config.model.d_model, config.lr_factor
     for done in range(40):  # `done` updates made: both hold the rate of update done + 1
         if done == 12:
-            training.set_last_step(plain, 40)
-            training.set_last_step(graphed, 40)
+            schedule.set_last_step(plain, 40)
+            schedule.set_last_step(graphed, 40)
         planned = 40 if done >= 12 else 0
         expected = at.rate(done + 1, d_model, factor, 10) * (
             min(1.0, (40 - done - 1) / (0.5 * 30)) if planned else 1.0
@@ -402,7 +408,7 @@ def test_the_plan_ends_at_the_last_checkpoint_that_the_warmup_pace_fits(tmp_path
         state = training.RunState.new(config, 50)
         state.step, state.seconds = 400, seconds
         context = SimpleNamespace(config=config, world=world, device="cpu", log=quiet)
-        training.plan_last_step(state, context)
+        schedule.plan_last_step(state, context)
         assert state.scheduler.lr_lambdas[0].last_step == state.last_step
         return state.last_step
 
@@ -458,12 +464,12 @@ def test_an_annealed_run_stopped_and_resumed_equals_one_that_never_stopped(tmp_p
     assert history == resumed_history and history[-1]["lr"] == 0.0
 
 
-@pytest.mark.parametrize("profile", sorted(training.PROFILES))
+@pytest.mark.parametrize("profile", sorted(profiles.PROFILES))
 def test_every_profile_takes_two_steps_and_its_peak_learning_rate_is_moderate(profile, tmp_path):
     # the GPU-sized profiles too (base runs here only like this): two steps on toy data, a
     # finite loss and a learning rate that rises during warm-up
     config = dataclasses.replace(
-        training.PROFILES[profile], max_steps=2, checkpoint_every=2, eval_every=2
+        profiles.PROFILES[profile], max_steps=2, checkpoint_every=2, eval_every=2
     )
     training.train(config, toy_pairs(), tmp_path, log=quiet)
     history = json.loads((tmp_path / "metrics.json").read_text())["history"]
@@ -480,7 +486,7 @@ def test_every_profile_takes_two_steps_and_its_peak_learning_rate_is_moderate(pr
 def test_only_the_last_keep_checkpoints_snapshots_are_kept(tmp_path):
     config = dataclasses.replace(TINY, max_steps=12, checkpoint_every=2, keep_checkpoints=3)
     training.train(config, toy_pairs(), tmp_path, log=quiet)
-    steps = [torch.load(p, weights_only=True)["step"] for p in training.snapshot_paths(tmp_path)]
+    steps = [torch.load(p, weights_only=True)["step"] for p in run_folder.snapshot_paths(tmp_path)]
     assert steps == [8, 10, 12]
 
 
@@ -500,13 +506,19 @@ import torch
 sys.path.insert(0, {code!r})
 import annotated_transformer as at
 import training_runs as training
+import distributed
+import hardware
+import precision
+import profiles
+import run_folder
+import schedule
 
 torch.distributed.init_process_group("gloo")
 rank = torch.distributed.get_rank()
-config = training.RunConfig(**{config!r})
+config = profiles.RunConfig(**{config!r})
 pairs = json.load(open({pairs!r}))
 for steps, out, resume, *extra in {plan!r}:  # extra: other changes to the config
-    config = training.apply_changes(config, {{"max_steps": steps, **(extra[0] if extra else {{}})}})
+    config = profiles.apply_changes(config, {{"max_steps": steps, **(extra[0] if extra else {{}})}})
     model, _, history = training.train(config, pairs, out, resume=resume, log=lambda m: None)
     torch.save({{"model": model.state_dict(), "history": history, "rng": torch.get_rng_state()}},
                f"{{out}}/rank{{rank}}-{{steps}}.pt")
@@ -569,7 +581,7 @@ def test_two_ranks_with_a_compiled_model_train_as_without(tmp_path):
     # same tracing and autograd graphs as the default, without generating C++) must see
     # through the wrapper; the run then makes the same updates as the eager one
     config = dataclasses.replace(TINY, max_steps=4, checkpoint_every=4, max_tokens=400)
-    config = training.apply_changes(config, {"dropout": 0.0})
+    config = profiles.apply_changes(config, {"dropout": 0.0})
     eager, compiled = str(tmp_path / "eager"), str(tmp_path / "compiled")
     plan = [(4, eager, False, {}), (4, compiled, False, {"compile": "aot_eager"})]
     run_two_ranks(tmp_path, plan, config)
@@ -588,7 +600,7 @@ def test_resuming_with_another_configuration_or_format_is_refused(tmp_path):
     other = dataclasses.replace(TINY, smoothing=0.2, max_steps=9)
     with pytest.raises(ValueError, match="different configuration .*smoothing: 0.1 -> 0.2"):
         training.train(other, toy_pairs(), tmp_path, resume=True, log=quiet)
-    other = training.apply_changes(TINY, {"dropout": 0.3})
+    other = profiles.apply_changes(TINY, {"dropout": 0.3})
     with pytest.raises(ValueError, match=r"\(model\.dropout: 0\.1 -> 0\.3\)"):
         training.train(other, toy_pairs(), tmp_path, resume=True, log=quiet)
     payload = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
@@ -688,11 +700,11 @@ def test_an_fp16_step_with_the_gradient_scaler_is_close_to_the_float32_step():
 
 
 def test_amp_auto_is_float32_on_a_cpu_and_names_are_checked():
-    assert training.autocast_dtype("auto", "cpu") is None
-    assert training.autocast_dtype("bf16", "cpu") is torch.bfloat16
-    assert training.autocast_dtype("fp16", "cuda") is torch.float16
+    assert precision.autocast_dtype("auto", "cpu") is None
+    assert precision.autocast_dtype("bf16", "cpu") is torch.bfloat16
+    assert precision.autocast_dtype("fp16", "cuda") is torch.float16
     with pytest.raises(ValueError, match="amp must be one of"):
-        training.autocast_dtype("half", "cpu")
+        precision.autocast_dtype("half", "cpu")
 
 
 def test_compiled_step_equals_eager_within_tolerance():
@@ -704,7 +716,7 @@ def test_compiled_step_equals_eager_within_tolerance():
     # and builds the autograd graphs as inductor does, without generating code: inductor's
     # C++ for a CPU costs half a minute on a fresh machine, and a GPU generates Triton instead
     compiled = torch.compile(runs[1].model, backend="aot_eager", fullgraph=True)
-    assert training.unwrap(compiled) is runs[1].model
+    assert distributed.unwrap(compiled) is runs[1].model
     for step in range(3):
         batch = tiny_batch(seed=step)
         eager = training.train_step_amp(runs[0].model, batch, runs[0].optimizer, runs[0].scheduler,
@@ -782,22 +794,22 @@ def test_amp_auto_picks_bf16_only_where_the_gpu_computes_in_it(capability, expec
         torch.cuda, "get_device_capability", lambda d: asked.append(d) or capability
     )
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    assert training.autocast_dtype("auto", "cuda:1") is expected
+    assert precision.autocast_dtype("auto", "cuda:1") is expected
     assert asked == [torch.device("cuda:1")]  # the training device, not the current one
-    assert training.autocast_dtype("fastest", "cuda:1") is None  # float32 (TF32): multi30k's start
-    assert training.autocast_dtype("auto", "cpu") is None
+    assert precision.autocast_dtype("fastest", "cuda:1") is None  # float32 (TF32): multi30k's start
+    assert precision.autocast_dtype("auto", "cpu") is None
 
 
 def test_tf32_is_set_through_fp32_precision_only_while_training_and_restored():
     matmul = torch.backends.cuda.matmul
     before = matmul.fp32_precision
-    with training.tf32_matmuls("cuda"):
+    with precision.tf32_matmuls("cuda"):
         assert matmul.fp32_precision == "tf32"
     assert matmul.fp32_precision == before
-    with pytest.raises(RuntimeError), training.tf32_matmuls("cuda:0"):
+    with pytest.raises(RuntimeError), precision.tf32_matmuls("cuda:0"):
         raise RuntimeError  # restored after an error too
     assert matmul.fp32_precision == before
-    with training.tf32_matmuls("cpu"):
+    with precision.tf32_matmuls("cpu"):
         assert matmul.fp32_precision == before
     source = pathlib.Path(at.__file__).read_text()
     assert "allow_tf32" not in source  # the deprecated switch, process-wide and never restored
@@ -1043,9 +1055,9 @@ def test_an_empty_out_dir_is_refused_before_anything_is_written(tmp_path, monkey
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda: training.apply_changes(TINY, {"heads": 4}), "unknown field 'heads'"),
+        (lambda: profiles.apply_changes(TINY, {"heads": 4}), "unknown field 'heads'"),
         (
-            lambda: training.autocast_dtype("fp32", "cpu"),
+            lambda: precision.autocast_dtype("fp32", "cpu"),
             "amp must be one of auto, bf16, fp16, off",
         ),
         (lambda: training.check_device("gpu0"), "device='gpu0': it is not a device"),
@@ -1080,14 +1092,14 @@ def test_native_bf16_on_this_cpu_follows_its_instruction_flags():
     for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("flags"):
             flags |= set(line.split(":", 1)[1].split())
-    assert training.native_bf16("cpu") == bool({"avx512_bf16", "amx_tile"} & flags)
+    assert precision.native_bf16("cpu") == bool({"avx512_bf16", "amx_tile"} & flags)
 
 
 def test_train_with_cuda_graphs_runs_its_step_eagerly_on_a_cpu_as_the_plain_loop(tmp_path):
     # the same updates through the capturable step (bucketed batches with filler rows, fused
     # AdamW, Eq. (3) on the device) as through train_step; dropout off, as padding would
     # change which random numbers a row draws
-    config = dataclasses.replace(training.apply_changes(TINY, {"dropout": 0.0}), max_steps=6)
+    config = dataclasses.replace(profiles.apply_changes(TINY, {"dropout": 0.0}), max_steps=6)
     plain, _, plain_history = training.train(config, toy_pairs(), tmp_path / "plain", log=quiet)
     graphs = dataclasses.replace(config, cuda_graphs=True)
     graphed, _, graphed_history = training.train(
@@ -1110,7 +1122,7 @@ def test_train_with_cuda_graphs_runs_its_step_eagerly_on_a_cpu_as_the_plain_loop
 
 
 def test_the_machine_description_names_the_instruction_sets_that_decide_cpu_speed():
-    description = training.hardware_description()
+    description = hardware.hardware_description()
     threads = torch.get_num_threads()
     assert f"{threads} thread" in description and torch.__version__ in description
     # independently of /proc/cpuinfo: torch's own view of the processor

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import annotated_transformer as at
+import profiles
 import script_helpers as helpers
-import training_runs as training
 import variations
 from toy import toy_ids, toy_pairs
 
@@ -99,7 +99,7 @@ def test_table3_has_the_papers_rows():
 
 @pytest.mark.parametrize("row", at.TABLE3_ROWS, ids=lambda row: row.label)
 def test_each_row_builds_a_valid_config_with_exactly_its_changes(row):
-    config = training.apply_changes(PAPER_BASE, row.changes)
+    config = profiles.apply_changes(PAPER_BASE, row.changes)
     for name, value in row.changes.items():
         where = config if name == "smoothing" else config.model
         assert getattr(where, name) == value
@@ -120,7 +120,7 @@ def test_each_row_builds_a_valid_config_with_exactly_its_changes(row):
 def test_parameter_counts_match_the_papers_with_a_vocabulary_of_about_41000(row):
     # the paper gives its vocabulary only as "about 37000": with 41 000 pieces every row comes
     # within about 0.5M of its whole-million count, but the big row, which no vocabulary fits
-    config = training.apply_changes(PAPER_BASE, row.changes)
+    config = profiles.apply_changes(PAPER_BASE, row.changes)
     ours = paper_scale_parameters(config, vocab=41_000) / 1e6
     if row.group == "big":
         assert ours - row.params_m == pytest.approx(5.3, abs=0.1)
@@ -135,7 +135,7 @@ def test_the_big_row_is_counted_below_what_its_d_ff_adds_whatever_the_vocabulary
     big, wide = rows["big"], rows["(C) d_model=1024, d_k=128, d_v=128"]
     for vocab in (32_000, 37_000, 41_000):
         counts = [
-            paper_scale_parameters(training.apply_changes(PAPER_BASE, r.changes), vocab)
+            paper_scale_parameters(profiles.apply_changes(PAPER_BASE, r.changes), vocab)
             for r in (big, wide)
         ]
         assert counts[0] - counts[1] == 12 * (2 * 1024 * 2048 + 2048)
@@ -147,7 +147,7 @@ def test_smaller_d_k_has_fewer_parameters():
     of which there are 3N (encoder self, decoder self, encoder-decoder)."""
     base = paper_scale_parameters(PAPER_BASE)
     for d_k in (16, 32):
-        fewer = base - paper_scale_parameters(training.apply_changes(PAPER_BASE, {"d_k": d_k}))
+        fewer = base - paper_scale_parameters(profiles.apply_changes(PAPER_BASE, {"d_k": d_k}))
         assert fewer == 3 * 6 * 2 * 512 * 8 * (64 - d_k)
 
 
@@ -155,14 +155,14 @@ def test_learned_positions_add_one_table_per_stack():
     """(E): a trained (max_len, d_model) table for the encoder's input and one for the
     decoder's, in place of the fixed sinusoids, which have no parameters."""
     for config in (PAPER_BASE, variations.SCALES["cpu"].base):
-        learned = training.apply_changes(config, {"positions": "learned"})
+        learned = profiles.apply_changes(config, {"positions": "learned"})
         extra = paper_scale_parameters(learned) - paper_scale_parameters(config)
         assert extra == 2 * config.model.max_len * config.model.d_model
 
 
 def test_an_unknown_field_is_refused():
     with pytest.raises(ValueError, match="heads"):
-        training.apply_changes(PAPER_BASE, {"heads": 4})
+        profiles.apply_changes(PAPER_BASE, {"heads": 4})
 
 
 # ---- the rows at CPU scale -------------------------------------------------------------
@@ -191,8 +191,8 @@ def test_each_cpu_row_changes_the_papers_fields_in_the_papers_direction(row):
     ours, cpu_base = variations.CPU_ROWS[row.label], variations.SCALES["cpu"].base
     assert set(row.changes) <= set(ours)
     scaled, paper = (
-        training.apply_changes(cpu_base, ours),
-        training.apply_changes(PAPER_BASE, row.changes),
+        profiles.apply_changes(cpu_base, ours),
+        profiles.apply_changes(PAPER_BASE, row.changes),
     )
     for name, value in row.changes.items():
         if isinstance(value, str):
@@ -253,7 +253,7 @@ def test_the_logged_train_py_command_rebuilds_the_variant():
     import script_helpers as helpers
     import train
 
-    config = training.apply_changes(variations.SCALES["cpu"].base, {"h": 1, "d_k": 256, "d_v": 256})
+    config = profiles.apply_changes(variations.SCALES["cpu"].base, {"h": 1, "d_k": 256, "d_v": 256})
     command = helpers.command_for(config)
     assert command.startswith("python code/train.py --profile quick")
     for flag in ("--h 1", "--d-k 256", "--d-v 256", "--N 3", "--vocab-size 5000"):

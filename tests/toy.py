@@ -3,9 +3,9 @@ as words: benchmark.py's stand-in for smoke runs, so that one generator makes th
 module, imported by name, so that no test module imports another)."""
 
 import benchmark
-import training_runs as training
+import profiles
 
-TINY = training.PROFILES["tiny"]
+TINY = profiles.PROFILES["tiny"]
 toy_ids = benchmark.stand_in_ids  # toy_ids(n, vocab, seed=0)
 toy_pairs = benchmark.stand_in_pairs  # toy_pairs(n=60, seed=0)
 

@@ -1,0 +1,73 @@
+"""Eq. (3) cooled down on a line to 0 at a run's last step (`anneal`), and the planning of
+that last step.
+
+GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
+`#| export schedule` in chapters/training_runs.ipynb;
+change them, then run `python code/export.py`.
+"""
+
+import torch
+
+from annotated_transformer import rate
+
+# --------------------------------------------------------------------------------------
+# Training runs that survive (ours), from chapters/training_runs.ipynb
+# --------------------------------------------------------------------------------------
+
+class AnnealedRate:
+    """anneal > 0: the rate of update k + 1 (a LambdaLR's k, as in make_optimizer) by
+    annealed_rate; LambdaLR saves this object's fields, last_step among them."""
+
+    def __init__(self, d_model, factor, warmup, share, last_step=0):
+        self.d_model, self.factor, self.warmup = d_model, factor, warmup
+        self.share, self.last_step = share, last_step
+
+    def __call__(self, k):
+        args = self.d_model, self.factor, self.warmup, self.last_step, self.share
+        return annealed_rate(k + 1, *args)
+
+
+def annealed_rate(step, model_size, factor, warmup, last_step, share=1.0):
+    """Eq. (3)'s rate at `step`, times a cool-down: 1, then over the last `share` of the
+    steps between warm-up and last_step a line falling to 0 at last_step (0: not planned
+    yet, the factor stays 1)."""
+    ramp = 1.0
+    if last_step:
+        ramp = min(1.0, max(0.0, (last_step - step) / max(share * (last_step - warmup), 1)))
+    return rate(step, model_size, factor, warmup) * ramp
+
+
+def time_to_plan(state, config):
+    """anneal > 0: plan at the first log at or past the end of warm-up and, with a time
+    budget, again at every checkpoint, so that a run whose pace changes still ends at 0."""
+    if not config.anneal or state.step < config.warmup_steps:
+        return False
+    return not state.last_step or config.max_seconds and state.step % config.checkpoint_every == 0
+
+
+def plan_last_step(state, context):
+    """Fix the step where an annealed rate reaches 0: max_steps, or with max_seconds the last
+    checkpoint that the mean pace so far puts within the budget (rank 0's clock decides for
+    all processes)."""
+    config, last = context.config, context.config.max_steps
+    if config.max_seconds:
+        fits = int(state.step * config.max_seconds / max(state.seconds, 1e-9))
+        last = min(last, max(state.step, fits - fits % config.checkpoint_every))
+        if context.world > 1:
+            last_tensor = torch.tensor(last, device=context.device)
+            torch.distributed.broadcast(last_tensor, src=0)
+            last = int(last_tensor.item())
+    if last != state.last_step:
+        context.log(f"step {state.step}: the rate will reach 0 at step {last}")
+    set_last_step(state, last)
+
+
+def set_last_step(state, last_step):
+    """Tell the run's schedule, whichever kind it is, where its rate reaches 0; the rate of
+    the next update follows at once."""
+    state.last_step, schedule = last_step, state.scheduler
+    if not isinstance(schedule, torch.optim.lr_scheduler.LambdaLR):
+        return schedule.plan(last_step)
+    schedule.lr_lambdas[0].last_step = last_step
+    for group, base in zip(schedule.optimizer.param_groups, schedule.base_lrs):
+        group["lr"] = base * schedule.lr_lambdas[0](schedule.last_epoch)
