@@ -34,7 +34,7 @@ class EncoderDecoder(nn.Module):
     `generator` turns them into log-probabilities.
     """
 
-    def __init__(self, encoder, decoder, src_embed, tgt_embed, generator):
+    def __init__(self, encoder, decoder, src_embed, *, tgt_embed, generator):
         super().__init__()
         self.encoder = encoder
         self.decoder = decoder
@@ -44,12 +44,12 @@ class EncoderDecoder(nn.Module):
 
     def forward(self, src, tgt, src_mask, tgt_mask):
         memory = self.encode(src, src_mask)
-        return self.decode(memory, src_mask, tgt, tgt_mask)
+        return self.decode(memory, src_mask, tgt, tgt_mask=tgt_mask)
 
     def encode(self, src, src_mask):
         return self.encoder(self.src_embed(src), src_mask)
 
-    def decode(self, memory, src_mask, tgt, tgt_mask):
+    def decode(self, memory, src_mask, tgt, *, tgt_mask):
         return self.decoder(self.tgt_embed(tgt), memory, src_mask, tgt_mask)
 
 
@@ -82,7 +82,7 @@ class EncoderLayer(nn.Module):
     """§3.1: multi-head self-attention, then a position-wise feed-forward network,
     each wrapped in a SublayerConnection. (batch, seq, d_model) -> same shape."""
 
-    def __init__(self, d_model, self_attn, feed_forward, dropout, pre_norm=False):
+    def __init__(self, d_model, self_attn, feed_forward, *, dropout, pre_norm=False):
         super().__init__()
         self.d_model = d_model
         self.pre_norm = pre_norm
@@ -116,7 +116,7 @@ class DecoderLayer(nn.Module):
     feed-forward network, each wrapped in a SublayerConnection. (batch, seq, d_model) ->
     same shape."""
 
-    def __init__(self, d_model, self_attn, src_attn, feed_forward, dropout, pre_norm=False):
+    def __init__(self, d_model, self_attn, src_attn, *, feed_forward, dropout, pre_norm=False):
         super().__init__()
         self.d_model = d_model
         self.pre_norm = pre_norm
@@ -155,7 +155,7 @@ def subsequent_mask(size, device=None):
 # 3.2.1 Scaled Dot-Product Attention, from chapters/03_2_1_scaled_dot_product_attention.ipynb
 # --------------------------------------------------------------------------------------
 
-def attention(query, key, value, mask=None, dropout=None):
+def attention(query, key, value, *, mask=None, dropout=None):
     """Eq. (1): Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, the reference version.
 
     query (..., seq_q, d_k), key (..., seq_k, d_k), value (..., seq_k, d_v); mask is
@@ -190,7 +190,7 @@ class MultiHeadedAttention(nn.Module):
     which keeps its weights in `self.weights`. A query that sees nothing outputs zeros.
     """
 
-    def __init__(self, h, d_model, dropout=0.0, fused=True, d_k=None, d_v=None):
+    def __init__(self, h, d_model, dropout=0.0, *, fused=True, d_k=None, d_v=None):
         super().__init__()
         self.h, self.d_k, self.d_v = h, d_k or d_model // h, d_v or d_model // h
         # The paper's projections are plain matrices W (no bias), as in tensor2tensor.
@@ -217,7 +217,7 @@ class MultiHeadedAttention(nn.Module):
                 x = x.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
             self.weights = None
         else:
-            x, weights = attention(query, key, value, mask, self.dropout)
+            x, weights = attention(query, key, value, mask=mask, dropout=self.dropout)
             self.weights = weights.detach()
         # Concat(head_1, ..., head_h): (batch, h, seq_q, d_v) -> (batch, seq_q, h * d_v)
         return self.w_o(x.transpose(1, 2).flatten(2))
@@ -459,20 +459,21 @@ def build_model(src_vocab, tgt_vocab, config=BASE):
             f"build a joint vocabulary (§5.1) or set share_embeddings=False"
         )
     c = config  # the hyperparameters (Harvard's c = copy.deepcopy is `copied` here)
-    attn = MultiHeadedAttention(c.h, c.d_model, c.attention_dropout, c.fused, c.d_k, c.d_v)
+    sizes = {"fused": c.fused, "d_k": c.d_k, "d_v": c.d_v}
+    attn = MultiHeadedAttention(c.h, c.d_model, c.attention_dropout, **sizes)
     ff = PositionwiseFeedForward(c.d_model, c.d_ff, c.relu_dropout)
     encoding = PositionalEncoding if c.positions == "sinusoidal" else LearnedPositionalEmbedding
     position = encoding(c.d_model, c.dropout, c.max_len)
-    copied = copy.deepcopy
+    copied, layer = copy.deepcopy, {"dropout": c.dropout, "pre_norm": c.pre_norm}
     model = EncoderDecoder(
-        Encoder(EncoderLayer(c.d_model, copied(attn), copied(ff), c.dropout, c.pre_norm), c.N),
+        Encoder(EncoderLayer(c.d_model, copied(attn), copied(ff), **layer), c.N),
         Decoder(
-            DecoderLayer(c.d_model, copied(attn), copied(attn), copied(ff), c.dropout, c.pre_norm),
+            DecoderLayer(c.d_model, copied(attn), copied(attn), feed_forward=copied(ff), **layer),
             c.N,
         ),
         nn.Sequential(Embeddings(c.d_model, src_vocab), copied(position)),
-        nn.Sequential(Embeddings(c.d_model, tgt_vocab), copied(position)),
-        Generator(c.d_model, tgt_vocab),
+        tgt_embed=nn.Sequential(Embeddings(c.d_model, tgt_vocab), copied(position)),
+        generator=Generator(c.d_model, tgt_vocab),
     )
     # after the deep copies, so that no two layers start with the same matrices
     model.apply(initialise)
@@ -495,7 +496,7 @@ def initialise(module):
         module.reset_parameters()
 
 
-def make_model(src_vocab, tgt_vocab, N=6, d_model=512, d_ff=2048, h=8, dropout=0.1, **options):
+def make_model(src_vocab, tgt_vocab, N=6, *, d_model=512, d_ff=2048, h=8, dropout=0.1, **options):
     """The Transformer with the familiar Annotated Transformer keywords. Any other ModelConfig
     field (share_embeddings, fused, pre_norm, max_len, d_k, d_v, ...) is a keyword too."""
     config = ModelConfig(N=N, d_model=d_model, d_ff=d_ff, h=h, dropout=dropout, **options)
@@ -528,7 +529,7 @@ def count_parameters(model):
 MULTI30K_SPLITS = {"train": "train", "val": "val", "test2016": "test_2016_flickr"}  # file stems
 
 
-def read_multi30k(folder, split, src_lang="de", tgt_lang="en"):
+def read_multi30k(folder, split, src_lang="de", *, tgt_lang="en"):
     """§5.1 on Multi30k: the (source, target) sentence pairs of one split (train: 29000,
     val: 1014, test2016: 1000), read from its two aligned .gz files in `folder`."""
     if split not in MULTI30K_SPLITS:
@@ -605,23 +606,23 @@ class Batch:
     ntokens: int | torch.Tensor
 
     @classmethod
-    def from_tensors(cls, src, tgt, ntokens=None, pad_id=PAD_ID):
+    def from_tensors(cls, src, tgt, ntokens=None, *, pad_id=PAD_ID):
         """A Batch from padded source and target ids (the target with <s> and </s>);
         ntokens, the real target tokens, counted if not given."""
         tgt_in, tgt_y = tgt[:, :-1], tgt[:, 1:]
         if ntokens is None:
             ntokens = (tgt_y != pad_id).sum()
-        masks = padding_mask(src, pad_id), target_mask(tgt_in, pad_id)
-        return cls(src, tgt_in, tgt_y, *masks, ntokens)
+        src_mask, tgt_mask = padding_mask(src, pad_id), target_mask(tgt_in, pad_id)
+        return cls(src, tgt_in, tgt_y, src_mask=src_mask, tgt_mask=tgt_mask, ntokens=ntokens)
 
     @classmethod
     def from_ids(cls, pairs, pad_id=PAD_ID):
         """Pad a non-empty list of (source ids, target ids) into one Batch."""
         src, tgt = (pad_ids([pair[side] for pair in pairs], pad_id) for side in (0, 1))
-        return cls.from_tensors(src, tgt, sum(len(t) - 1 for _, t in pairs), pad_id)
+        return cls.from_tensors(src, tgt, sum(len(t) - 1 for _, t in pairs), pad_id=pad_id)
 
 
-def batch_by_tokens(lengths, max_tokens, seed=0, shuffle=True):
+def batch_by_tokens(lengths, max_tokens, seed=0, *, shuffle=True):
     """§5.1: "Sentence pairs were batched together by approximate sequence length."
     lengths: (source length, target length) per pair. Returns lists of pair indices whose
     padded source and padded target each hold at most max_tokens tokens (a pair longer than
@@ -670,7 +671,7 @@ class EncodedCorpus:
         rows = torch.tensor(indices, device=self.src.device)
         src_len, tgt_len = (max(self.lengths[i][side] for i in indices) for side in (0, 1))
         src, tgt = self.src[rows, :src_len], self.tgt[rows, :tgt_len]
-        return Batch.from_tensors(src, tgt, self.target_tokens(indices), self.pad_id)
+        return Batch.from_tensors(src, tgt, self.target_tokens(indices), pad_id=self.pad_id)
 
 
 def numeric(v):
@@ -707,9 +708,7 @@ class TrainConfig:
         """{field: (what it must be, a test)}; a subclass adds the rules of its own fields."""
 
         rules = {  # every integer field, a subclass's too, is a count
-            f.name: ("a positive integer", is_positive_int)
-            for f in fields(self)
-            if f.type is int
+            f.name: ("a positive integer", is_positive_int) for f in fields(self) if f.type is int
         }
         rules["seed"] = ("an integer >= 0", lambda v: type(v) is int and v >= 0)
         rules["lr_factor"] = ("a positive finite number", lambda v: numeric(v) and 0 < v < math.inf)
@@ -723,14 +722,14 @@ class TrainConfig:
                 raise InputError(f"{name} must be {rule}, got {getattr(self, name)!r}")
 
 
-def rate(step, model_size, factor=1.0, warmup=4000):
+def rate(step, model_size, factor=1.0, *, warmup=4000):
     """Eq. (3): lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5), scaled by
     `factor`; step 0 counts as step 1 (the formula is undefined at 0)."""
     step = max(step, 1)
     return factor * model_size**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
-def make_optimizer(model, d_model, factor=1.0, warmup=4000, weight_decay=0.0, **adamw):
+def make_optimizer(model, d_model, factor=1.0, *, warmup=4000, weight_decay=0.0, **adamw):
     """§5.3: AdamW(β1 = 0.9, β2 = 0.98, ε = 1e-9) with the learning rate of Eq. (3); with
     weight_decay=0 (the paper's) it is Adam. The scheduler's k-th step (k = 0, 1, ...)
     sets the rate of update k + 1. Returns (optimizer, scheduler)."""
@@ -738,7 +737,7 @@ def make_optimizer(model, d_model, factor=1.0, warmup=4000, weight_decay=0.0, **
         model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, weight_decay=weight_decay, **adamw
     )  # adamw: options beyond the paper's (the fused, capturable AdamW of CUDA graphs)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda k: rate(k + 1, d_model, factor, warmup)
+        optimizer, lambda k: rate(k + 1, d_model, factor, warmup=warmup)
     )
     return optimizer, scheduler
 
@@ -764,7 +763,7 @@ class LabelSmoothing(nn.Module):
         return nn.functional.kl_div(log_probs, dist, reduction="sum")
 
 
-def label_smoothed_loss(logits, target, smoothing, pad_id=PAD_ID):
+def label_smoothed_loss(logits, target, smoothing, *, pad_id=PAD_ID):
     """LabelSmoothing's fast path, summed over the positions whose target is not padding:
     one fused cross-entropy from the logits to the smoothed target. It equals
     LabelSmoothing's KL divergence plus the smoothed target's entropy per token."""
@@ -789,7 +788,7 @@ def forward_loss(model, batch, smoothing):
         return loss, label_smoothed_loss(logits, batch.tgt_y, 0.0)
 
 
-def train_step(model, batch, optimizer, scheduler, smoothing):
+def train_step(model, batch, optimizer, *, scheduler, smoothing):
     """One update (§5.3): the loss averaged over the batch's real target tokens, backward,
     Adam's step and the schedule's. Returns [loss, nll] summed over the batch."""
     loss, nll = forward_loss(model, batch, smoothing)
@@ -800,20 +799,22 @@ def train_step(model, batch, optimizer, scheduler, smoothing):
     return torch.stack([loss.detach(), nll])
 
 
-def fit(config, corpus, vocab, schedule=None):
+def fit(config, corpus, vocab, *, schedule=None):
     """§5 as a plain loop: train a model of config.model on an EncodedCorpus for
     config.max_steps updates. Returns (model, loss per target token of every update)."""
     torch.manual_seed(config.seed)
     model = build_model(vocab, vocab, config.model)
-    args = config.model.d_model, config.lr_factor, config.warmup_steps, config.weight_decay
-    optimizer, scheduler = make_optimizer(model, *args)
+    adam = {"warmup": config.warmup_steps, "weight_decay": config.weight_decay}
+    optimizer, scheduler = make_optimizer(model, config.model.d_model, config.lr_factor, **adam)
     if schedule:  # schedule(step): a rate other than Eq. (3)'s, as the warm-up ablation tries
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: schedule(k + 1))
     losses, epoch = [], 0
     while len(losses) < config.max_steps:
         for indices in batch_by_tokens(corpus.lengths, config.max_tokens, config.seed + epoch):
             batch = corpus.batch(indices)
-            sums = train_step(model, batch, optimizer, scheduler, config.smoothing)
+            sums = train_step(
+                model, batch, optimizer, scheduler=scheduler, smoothing=config.smoothing
+            )
             losses.append(sums[0].item() / batch.ntokens)
             if len(losses) == config.max_steps:
                 break
@@ -833,7 +834,7 @@ def validation_loss(model, corpus, max_tokens=4000):
     return float(total) / corpus.target_tokens(range(len(corpus)))
 
 
-def copy_task_pairs(n, vocab, length, generator):
+def copy_task_pairs(n, vocab, length, *, generator):
     """Synthetic pairs whose target is the source: random symbols from 4..vocab-1."""
     data = torch.randint(4, vocab, (n, length), generator=generator).tolist()
     return [(seq + [EOS_ID], [BOS_ID] + seq + [EOS_ID]) for seq in data]
@@ -847,17 +848,17 @@ def output_limits(src_mask, max_len=None):
     return torch.full((src_mask.size(0),), positive_int("max_len", max_len), device=src_mask.device)
 
 
-def next_log_probs(model, memory, src_mask, ys):
+def next_log_probs(model, memory, src_mask, *, ys):
     """log P(next token | source, prefix) for each prefix of ys (rows, t): the decoder of
     chapter 3 on the whole prefix. memory and src_mask hold one row, or one row per prefix."""
     rows = ys.size(0)
     memory, src_mask = memory.expand(rows, -1, -1), src_mask.expand(rows, -1, -1)
-    out = model.decode(memory, src_mask, ys, subsequent_mask(ys.size(1), ys.device))
+    out = model.decode(memory, src_mask, ys, tgt_mask=subsequent_mask(ys.size(1), ys.device))
     return model.generator(out[:, -1])
 
 
 @torch.no_grad()  # decoding picks tokens: nothing to differentiate
-def greedy_decode(model, src, src_mask, max_len=None, start_symbol=BOS_ID, end_symbol=EOS_ID):
+def greedy_decode(model, src, src_mask, *, max_len=None, start_symbol=BOS_ID, end_symbol=EOS_ID):
     """Auto-regressive decoding (§3): append the most probable next token, one position at a
     time, until every sentence has produced end_symbol or its length limit (output_limits).
     src (batch, seq), src_mask (batch, 1, seq) -> (batch, 1 + produced) ids that start with
@@ -867,7 +868,7 @@ def greedy_decode(model, src, src_mask, max_len=None, start_symbol=BOS_ID, end_s
     ys = torch.full((src.size(0), 1), start_symbol, dtype=torch.long, device=src.device)
     done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
     for t in range(int(limits.max())):
-        next_token = next_log_probs(model, memory, src_mask, ys).argmax(dim=-1)
+        next_token = next_log_probs(model, memory, src_mask, ys=ys).argmax(dim=-1)
         next_token = next_token.masked_fill(done, PAD_ID)
         ys = torch.cat([ys, next_token.unsqueeze(1)], dim=1)
         done |= (next_token == end_symbol) | (t + 1 >= limits)
@@ -891,6 +892,7 @@ def beam_search(
     model,
     src,
     src_mask,
+    *,
     beam_size=4,
     alpha=0.6,
     max_len=None,
@@ -907,7 +909,7 @@ def beam_search(
     scores = torch.zeros(1, device=src.device)  # their log P
     best, best_score = None, -math.inf  # the best finished hypothesis and log P / lp
     for length in range(1, limit + 1):  # tokens after this step, the end included
-        log_probs = next_log_probs(model, memory, src_mask, ys).float()  # (rows, vocab)
+        log_probs = next_log_probs(model, memory, src_mask, ys=ys).float()  # (rows, vocab)
         candidates = (scores.unsqueeze(1) + log_probs).flatten()
         top_scores, index = candidates.topk(min(2 * k, candidates.numel()))
         beam = []  # (row, token, log P) of the extensions that go on
@@ -929,13 +931,13 @@ def beam_search(
     return best.unsqueeze(0)
 
 
-def decode_batch(model, src, src_mask, beam_size=4, alpha=0.6):
+def decode_batch(model, src, src_mask, *, beam_size=4, alpha=0.6):
     """The paper's decoding of a batch (§6.1): greedy_decode for beam_size 1, otherwise
     beam_search sentence by sentence. -> (batch, 1 + longest) ids, padded with PAD_ID."""
     if beam_size == 1:
         return greedy_decode(model, src, src_mask)
     outputs = [
-        beam_search(model, src[i : i + 1], src_mask[i : i + 1], beam_size, alpha)[0]
+        beam_search(model, src[i : i + 1], src_mask[i : i + 1], beam_size=beam_size, alpha=alpha)[0]
         for i in range(src.size(0))
     ]
     return pad_ids([out.tolist() for out in outputs]).to(src.device)
@@ -1028,7 +1030,7 @@ def average_checkpoints(paths):
 
 
 def translate(
-    model, tokenizer, sentences, beam_size=4, alpha=0.6, batch_size=64, decode=decode_batch
+    model, tokenizer, sentences, *, beam_size=4, alpha=0.6, batch_size=64, decode=decode_batch
 ):
     """Translate source sentences (a list of str) into detokenized strings, with the
     paper's decoding by default (§6.1: beam 4, alpha 0.6, output length at most input
@@ -1051,7 +1053,7 @@ def translate(
         chunk = order[start : start + batch_size]
         src = pad_ids([encoded[i] for i in chunk]).to(device)
         src_mask = padding_mask(src, PAD_ID)
-        out = decode(model, src, src_mask, beam_size, alpha)
+        out = decode(model, src, src_mask, beam_size=beam_size, alpha=alpha)
         for row, i in enumerate(chunk):
             results[i] = tokenizer.decode(out[row].tolist(), skip_special_tokens=True)
     return results
@@ -1084,7 +1086,7 @@ def encode_sentences(model, tokenizer, sentences):
 
 
 def evaluate_bleu(
-    model, tokenizer, pairs, beam_size=4, alpha=0.6, batch_size=64, decode=decode_batch
+    model, tokenizer, pairs, *, beam_size=4, alpha=0.6, batch_size=64, decode=decode_batch
 ):
     """Translate the sources of (source, reference) pairs and score them with sacreBLEU
     (Post, 2018): `bleu` on detokenized, cased text (the standard, with its
@@ -1092,7 +1094,8 @@ def evaluate_bleu(
     BLEU most Multi30k papers report. `length_ratio`: the hypotheses' length over the
     references' (sacreBLEU's tokens), which sets BLEU's brevity penalty when below 1."""
     sources = [s for s, _ in pairs]
-    hypotheses = translate(model, tokenizer, sources, beam_size, alpha, batch_size, decode)
+    options = {"beam_size": beam_size, "alpha": alpha, "batch_size": batch_size}
+    hypotheses = translate(model, tokenizer, sources, decode=decode, **options)
     references = [[t for _, t in pairs]]
     cased, lowercase = sacrebleu.BLEU(), sacrebleu.BLEU(lowercase=True)
     score = cased.corpus_score(hypotheses, references)

@@ -132,14 +132,14 @@ def attention_weights(model, sources, targets):
     return results
 
 
-def extract(model, tokenizer, sentences, beam_size=4, alpha=0.6):
+def extract(model, tokenizer, sentences, *, beam_size=4, alpha=0.6):
     """Translate German `sentences` (list of str) with at.translate and return one record per
     sentence: source/target ids and display tokens, the translation, and the weights of
     every layer and head as tensors (see attention_weights). The target ids are the
     translation encoded again, ending in </s>: the tokens the model produced whenever its
     output is the usual encoding of its own text, as a trained model's nearly always is."""
     translations = at.translate(
-        model, tokenizer, sentences, beam_size, alpha, decode=fd.fast_decode_batch
+        model, tokenizer, sentences, beam_size=beam_size, alpha=alpha, decode=fd.fast_decode_batch
     )
     sources = [tokenizer.encode(s).ids + [at.EOS_ID] for s in sentences]
     targets = [tokenizer.encode(t).ids + [at.EOS_ID] for t in translations]
@@ -219,7 +219,7 @@ def self_attention_statistics(weights, keys):
     ]
 
 
-def source_attention_statistics(weights, source, target_output, lexicon=LEXICON):
+def source_attention_statistics(weights, source, target_output, *, lexicon=LEXICON):
     """Per-head statistics of encoder-decoder weights (h, T, S): weight on punctuation and
     </s> (`punct_eos`), the largest weight of a row (`peak`), and for the output tokens that
     `lexicon` pairs with a source token, how often the head's largest weight falls on that
@@ -481,7 +481,7 @@ def claim_history(data, claims=CLAIMS):
     return table
 
 
-def analyse(checkpoint, chosen, sample, beam_size=4, alpha=0.6):
+def analyse(checkpoint, chosen, sample, *, beam_size=4, alpha=0.6):
     """One snapshot: the chosen sentences' records (their links resolved) and their links'
     weights, and the head statistics over the `sample` sentences with the uniform-attention
     baseline. Returns a dict: checkpoint, step, label (the step, or "average" for weights
@@ -489,14 +489,18 @@ def analyse(checkpoint, chosen, sample, beam_size=4, alpha=0.6):
     uniform."""
     payload = at.read_checkpoint(checkpoint)  # also its step, configuration and averaged steps
     model, tokenizer = at.translator_from(payload)
-    records = extract(model, tokenizer, [de for *_, de, _ in chosen], beam_size, alpha)
+    records = extract(
+        model, tokenizer, [de for *_, de, _ in chosen], beam_size=beam_size, alpha=alpha
+    )
     for record, (split, i, why, links, _, en) in zip(records, chosen):
         resolved = find_links(record["source"], links)
         record.update(split=split, index=i, shows=why, reference=en, links=resolved)
     sample_records = [
         record
         for start in range(0, len(sample), 50)
-        for record in extract(model, tokenizer, sample[start : start + 50], beam_size, alpha)
+        for record in extract(
+            model, tokenizer, sample[start : start + 50], beam_size=beam_size, alpha=alpha
+        )
     ]
     uniform = statistics(map(uniform_like, sample_records))
     return {

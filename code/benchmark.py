@@ -90,7 +90,7 @@ CONFIGS = {
 QUICK = ["tiny", "tiny-profile"]
 
 
-def forward_flops(config, vocab, batch, src_len, tgt_len):
+def forward_flops(config, vocab, batch, *, src_len, tgt_len):
     """FLOPs of one forward pass of the encoder, decoder and generator on `batch` sentence
     pairs of src_len and tgt_len tokens, by part. Matrix products only, 2*m*n*k each (one
     multiply and one add per term); softmax, LayerNorm, dropout, residual additions and the
@@ -128,11 +128,11 @@ def forward_flops(config, vocab, batch, src_len, tgt_len):
     return parts
 
 
-def training_flops(config, vocab, batch, src_len, tgt_len):
+def training_flops(config, vocab, batch, *, src_len, tgt_len):
     """FLOPs of one training step: forward, plus a backward pass that computes two products
     for each forward one (gradients of both factors), so 3x the forward's. Adam's update is
     element-wise and not counted."""
-    return 3 * forward_flops(config, vocab, batch, src_len, tgt_len)["total"]
+    return 3 * forward_flops(config, vocab, batch, src_len=src_len, tgt_len=tgt_len)["total"]
 
 
 def recipe_step_flops(config, corpus):
@@ -143,7 +143,9 @@ def recipe_step_flops(config, corpus):
     lengths = torch.tensor(corpus.lengths, dtype=torch.float64)
     src_len, tgt_len = lengths[:, 0].mean().item(), lengths[:, 1].mean().item() - 1
     sentences = sum(map(len, batches)) / len(batches)
-    return training_flops(config.model, config.vocab_size, sentences, src_len, tgt_len)
+    return training_flops(
+        config.model, config.vocab_size, sentences, src_len=src_len, tgt_len=tgt_len
+    )
 
 
 # Dense (no structured sparsity) bf16 tensor-core peaks from NVIDIA's data sheets, in FLOP/s.
@@ -240,10 +242,12 @@ def random_batch(bench, device, seed=0):
 
 def bench_flops(bench):
     """Training FLOPs of one step on a BenchConfig's batch."""
-    return training_flops(bench.model, bench.vocab, bench.batch, bench.seq, bench.seq)
+    return training_flops(
+        bench.model, bench.vocab, bench.batch, src_len=bench.seq, tgt_len=bench.seq
+    )
 
 
-def training_rows(bench, device, bf16, compile=False, mode=None):
+def training_rows(bench, device, bf16, *, compile=False, mode=None):
     """Rows that run one training step of each model on the same batch, label smoothing 0.1;
     on a GPU also the step as one CUDA graph and, with `compile`, both with our model
     compiled by torch.compile (inductor: fused elementwise kernels) in this `mode` (None:
@@ -261,7 +265,9 @@ def training_rows(bench, device, bf16, compile=False, mode=None):
         scaler = torch.amp.GradScaler(device.type, enabled=False)  # bf16 needs no scaling
 
         def work():
-            training.train_step_amp(model, batch, optimizer, scheduler, scaler, 0.1, amp=amp)
+            training.train_step_amp(
+                model, batch, optimizer, scheduler=scheduler, scaler=scaler, smoothing=0.1, amp=amp
+            )
 
         return Row(key, label, work, batch.ntokens, flops, 1)
 
@@ -278,16 +284,16 @@ def training_rows(bench, device, bf16, compile=False, mode=None):
     if device.type != "cuda":
         return rows
     amp = torch.bfloat16 if bf16 else None
-    rows.append(graphed_row(bench, ours(True), device, amp))
+    rows.append(graphed_row(bench, ours(True), device, amp=amp))
     if compile:
         key, precision = ("compiled-bf16", "bf16 autocast") if amp else ("compiled", "float32")
         label = f"ours compiled, fused attention, {precision}"
         rows.append(row(f"train/ours-{key}", label, torch.compile(ours(True), mode=mode), amp))
-        rows.append(graphed_row(bench, torch.compile(ours(True), mode=mode), device, amp))
+        rows.append(graphed_row(bench, torch.compile(ours(True), mode=mode), device, amp=amp))
     return rows
 
 
-def graphed_row(bench, model, device, amp=None, eager_steps=3):
+def graphed_row(bench, model, device, *, amp=None, eager_steps=3):
     """The same step replayed as one CUDA graph (graphs.GraphedTrainStep, the CUDA graphs page):
     capturable fused AdamW, the learning rate on the device. Its warm-up steps and the
     capture happen here, before any timing; on a CPU the step runs eagerly."""
@@ -295,7 +301,9 @@ def graphed_row(bench, model, device, amp=None, eager_steps=3):
     ntokens = bench.batch * bench.seq
     model.to(device).train()
     optimizer, schedule = graphs.make_capturable_optimizer(model, bench.model.d_model)
-    runner = graphs.GraphedTrainStep(model, optimizer, schedule, 0.1, amp, eager_steps)
+    runner = graphs.GraphedTrainStep(
+        model, optimizer, schedule, smoothing=0.1, amp=amp, eager_steps=eager_steps
+    )
     for _ in range(eager_steps + 1):  # the eager warm-up, then the capture
         runner(src, tgt, ntokens)
 
@@ -344,7 +352,7 @@ def profile_pairs(bench, *, data_dir=None):
     raise at.InputError(f"corpus must be 'multi30k' or 'stand-in', got {bench.corpus!r}")
 
 
-def spread_batches(lengths, max_tokens, count, seed=0):
+def spread_batches(lengths, max_tokens, count, *, seed=0):
     """`count` of the batches that at.batch_by_tokens(lengths, max_tokens, seed) cuts for an
     epoch, spread over its lengths: of those batches ordered from the shortest sentences to
     the longest, the middle one of each of `count` equal slices, so that together they stand
@@ -358,11 +366,14 @@ def spread_batches(lengths, max_tokens, count, seed=0):
     return [batches[(2 * i + 1) * len(batches) // (2 * count)] for i in range(count)]
 
 
-def real_token_flops(config, vocab, lengths, indices):
+def real_token_flops(config, vocab, lengths, *, indices):
     """Training FLOPs of one step on these pairs for their real tokens: each pair at its own
     lengths (source with </s>; the decoder reads <s> y_1 ... y_m, one fewer than the target
     ids), so padding adds nothing. Equal to training_flops for pairs of equal lengths."""
-    return sum(training_flops(config, vocab, 1, lengths[i][0], lengths[i][1] - 1) for i in indices)
+    return sum(
+        training_flops(config, vocab, 1, src_len=lengths[i][0], tgt_len=lengths[i][1] - 1)
+        for i in indices
+    )
 
 
 @dataclass
@@ -379,7 +390,7 @@ class ProfileData:
     def step_flops(self):
         """Training FLOPs of each chosen batch, for its real tokens."""
         vocab, lengths = self.tokenizer.get_vocab_size(), self.corpus.lengths
-        return [real_token_flops(self.config.model, vocab, lengths, i) for i in self.chosen]
+        return [real_token_flops(self.config.model, vocab, lengths, indices=i) for i in self.chosen]
 
 
 def profile_data(bench, cache=None, *, data_dir=None):
@@ -389,7 +400,7 @@ def profile_data(bench, cache=None, *, data_dir=None):
     pairs = profile_pairs(bench, data_dir=data_dir)
     tokenizer = helpers.cached_tokenizer(pairs, config.vocab_size, cache)
     corpus = at.EncodedCorpus.from_pairs(pairs, tokenizer)
-    chosen = spread_batches(corpus.lengths, config.max_tokens, bench.batches, config.seed)
+    chosen = spread_batches(corpus.lengths, config.max_tokens, bench.batches, seed=config.seed)
     epoch = len(at.batch_by_tokens(corpus.lengths, config.max_tokens, config.seed))
 
     def describe(indices):
@@ -431,14 +442,24 @@ def profile_rows(data, device, bf16):
         torch.manual_seed(config.seed)
         network = build().to(device).train()
         optimizer, scheduler = at.make_optimizer(
-            network, model.d_model, config.lr_factor, config.warmup_steps, config.weight_decay
+            network,
+            model.d_model,
+            config.lr_factor,
+            warmup=config.warmup_steps,
+            weight_decay=config.weight_decay,
         )
         scaler = torch.amp.GradScaler(device.type, enabled=False)  # bf16 needs no scaling
 
         def work():
             for batch in batches:
                 training.train_step_amp(
-                    network, batch, optimizer, scheduler, scaler, config.smoothing, amp=amp
+                    network,
+                    batch,
+                    optimizer,
+                    scheduler=scheduler,
+                    scaler=scaler,
+                    smoothing=config.smoothing,
+                    amp=amp,
                 )
 
         return Row(key, label, work, tokens, flops, len(batches))
@@ -486,7 +507,7 @@ def decoding_rows(bench, device):
     ]
 
 
-def measure(rows, rounds, warmup, min_seconds, title="", log=print):
+def measure(rows, rounds, warmup, *, min_seconds, title="", log=print):
     """Warm every row up (`warmup` calls), then time `rounds` interleaved rounds, each one
     starting one row later. Returns, per row, its Measurements, one per round."""
     log(f"{title}: {len(rows)} rows, {warmup} warm-up calls each, {rounds} rounds")
@@ -516,7 +537,7 @@ def peak_memory(work, device):
     return torch.cuda.max_memory_allocated(device)
 
 
-def summarize(row, measurements, memory=None, peak_flops=None):
+def summarize(row, measurements, memory=None, *, peak_flops=None):
     """The JSON record of a measured row; per round, the median call of its Measurement."""
     times = [m.median for m in measurements]
     median = statistics.median(times)
@@ -603,7 +624,7 @@ def side_by_side(run):
     return table
 
 
-def run_config(bench, device, args, log):
+def run_config(bench, device, args, *, log):
     """Build, warm up, time and summarise every row of one configuration. Returns its JSON
     record and, for Compare, one Measurement per row holding its per-round times."""
     bf16 = args.bf16 == "on" or (args.bf16 == "auto" and native_bf16(device))
@@ -622,25 +643,33 @@ def run_config(bench, device, args, log):
         }
     else:
         mode = None if args.compile_mode == "default" else args.compile_mode
-        groups = {"training step": lambda: training_rows(bench, device, bf16, args.compile, mode)}
+        groups = {
+            "training step": lambda: training_rows(
+                bench, device, bf16, compile=args.compile, mode=mode
+            )
+        }
         if not args.no_decoding:
             groups["decoding"] = lambda: decoding_rows(bench, device)
         bf16_rows = ["train/ours-fused-bf16"]
-        shape = bench.vocab, bench.batch, bench.seq, bench.seq
+        shape = {"src_len": bench.seq, "tgt_len": bench.seq}
         record = {
             "config": {**asdict(bench), "model": asdict(bench.model)},
             "flops": {
-                "forward": forward_flops(bench.model, *shape),
-                "training_step": training_flops(bench.model, *shape),
+                "forward": forward_flops(bench.model, bench.vocab, bench.batch, **shape),
+                "training_step": training_flops(bench.model, bench.vocab, bench.batch, **shape),
             },
         }
     rows, table = {}, []
     for group, build in groups.items():  # one at a time: only one group's models in memory
         built = build()
         title = f"{bench.name}: {group}"
-        measured = measure(built, args.rounds, args.warmup, args.min_seconds, title, log)
+        measured = measure(
+            built, args.rounds, args.warmup, min_seconds=args.min_seconds, title=title, log=log
+        )
         for row, measurements in zip(built, measured):
-            rows[row.key] = summarize(row, measurements, peak_memory(row.work, device), peak)
+            rows[row.key] = summarize(
+                row, measurements, peak_memory(row.work, device), peak_flops=peak
+            )
             table.append(Measurement(1, rows[row.key]["times_s"], measurements[0].task_spec))
         del built, measured
     record["rows"] = rows
@@ -721,7 +750,7 @@ def main(argv=None, log=None):
     table = []
     try:
         for name in args.config:
-            results["runs"][name], measurements = run_config(CONFIGS[name], device, args, log)
+            results["runs"][name], measurements = run_config(CONFIGS[name], device, args, log=log)
             table += measurements
         results["hardware"]["load_average_end"] = list(os.getloadavg())
     finally:

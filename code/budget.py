@@ -48,7 +48,7 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def timed_update(state, batch_indices, corpus, smoothing, amp):
+def timed_update(state, batch_indices, corpus, *, smoothing, amp):
     """One update, as train_step_amp makes it on a CPU, with the time of each part."""
     times, started = {}, time.perf_counter()
     batch = bucketed_batch(corpus, batch_indices, (1,))
@@ -66,7 +66,7 @@ def timed_update(state, batch_indices, corpus, smoothing, amp):
     return times
 
 
-def update_parts(config, corpus, vocab, steps, rounds):
+def update_parts(config, corpus, vocab, *, steps, rounds):
     """{precision: {part: median seconds}} over `rounds` interleaved rounds of steps/rounds
     updates each (a change of load hits both precisions alike), after 5 untimed updates."""
     amps = {"float32": None} | ({"bfloat16": torch.bfloat16} if native_bf16("cpu") else {})
@@ -79,12 +79,12 @@ def update_parts(config, corpus, vocab, steps, rounds):
     position = 0
     for name, amp in amps.items():  # untimed: the first calls allocate and plan
         for group in updates[:5]:
-            timed_update(states[name], group[0], corpus, config.smoothing, amp)
+            timed_update(states[name], group[0], corpus, smoothing=config.smoothing, amp=amp)
     for _ in range(rounds):
         for name, amp in amps.items():
             for group in updates[5 + position : 5 + position + per_round]:
                 for part, seconds in timed_update(
-                    states[name], group[0], corpus, config.smoothing, amp
+                    states[name], group[0], corpus, smoothing=config.smoothing, amp=amp
                 ).items():
                     times[name][part].append(seconds)
         position += per_round
@@ -101,7 +101,7 @@ def once(work):
     return time.perf_counter() - started, result
 
 
-def run_parts(config, pairs, val_pairs, run):
+def run_parts(config, pairs, val_pairs, *, run):
     """Seconds of what a run does besides updates, each once: the vocabulary, the precision
     race, one validation of the run's last weights, one snapshot and one checkpoint.pt."""
     seconds, tokenizer = once(lambda: at.train_bpe(pairs, config.vocab_size))
@@ -114,7 +114,7 @@ def run_parts(config, pairs, val_pairs, run):
     val_corpus = at.EncodedCorpus.from_pairs(val_pairs, run_tokenizer)
     chosen = val_pairs[: config.bleu_sentences]
     found["validation"], _ = once(
-        lambda: training.validate(model, val_corpus, chosen, run_tokenizer)
+        lambda: training.validate(model, val_corpus, chosen, tokenizer=run_tokenizer)
     )
     weights = {key: payload[key] for key in ("config", "tokenizer", "model")}
     with tempfile.TemporaryDirectory() as scratch:
@@ -124,7 +124,7 @@ def run_parts(config, pairs, val_pairs, run):
     return found, corpus, vocab, payload
 
 
-def budget(config, parts, extras, precision, steps_made):
+def budget(config, parts, extras, *, precision, steps_made):
     """How the run's max_seconds and the reader's wait divide up, at the measured step time
     of `precision`: updates, and per run the validations and checkpoints that many updates
     bring (every eval_every and every checkpoint_every steps)."""
@@ -160,8 +160,8 @@ def main(argv=None):
         raise FileNotFoundError(f"{args.run} holds no checkpoint.pt: train the profile first")
     pairs = helpers.load_multi30k("train", data_dir=args.data_dir)
     val_pairs = helpers.load_multi30k("val", data_dir=args.data_dir)
-    extras, corpus, vocab, payload = run_parts(config, pairs, val_pairs, args.run)
-    parts = update_parts(config, corpus, vocab, args.steps, args.rounds)
+    extras, corpus, vocab, payload = run_parts(config, pairs, val_pairs, run=args.run)
+    parts = update_parts(config, corpus, vocab, steps=args.steps, rounds=args.rounds)
     chosen = payload.get("precision", "float32")
     result = {
         "profile": args.profile,
@@ -173,7 +173,7 @@ def main(argv=None):
             for name, values in parts.items()
         },
         "once_seconds": {name: round(s, 5) for name, s in extras.items()},
-        "budget": budget(config, parts, extras, chosen, payload["step"]),
+        "budget": budget(config, parts, extras, precision=chosen, steps_made=payload["step"]),
         "run_training_seconds": round(payload["seconds"], 1),
     }
     safe_files.write_json(args.out, result)

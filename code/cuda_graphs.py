@@ -40,7 +40,7 @@ def bucket(n, buckets=BUCKETS):
     return -(-n // buckets[-1]) * buckets[-1]
 
 
-def bucketed_ids(corpus, indices, buckets=BUCKETS, rows=None):
+def bucketed_ids(corpus, indices, buckets=BUCKETS, *, rows=None):
     """CUDA graphs: the source ids (size, S) and target ids (size, T + 1) of these pairs of an
     EncodedCorpus, cut from its tables where they are: the longest source rounded up to a
     bucket S, the longest target without <s> to a bucket T, the number of pairs to a bucket
@@ -63,13 +63,13 @@ def bucketed_ids(corpus, indices, buckets=BUCKETS, rows=None):
     return sides
 
 
-def bucketed_batch(corpus, indices, buckets=BUCKETS, rows=None):
+def bucketed_batch(corpus, indices, buckets=BUCKETS, *, rows=None):
     """CUDA graphs: the Batch of bucketed_ids; its ntokens counts the real target tokens."""
-    src, tgt = bucketed_ids(corpus, indices, buckets, rows)
-    return Batch.from_tensors(src, tgt, corpus.target_tokens(indices), corpus.pad_id)
+    src, tgt = bucketed_ids(corpus, indices, buckets, rows=rows)
+    return Batch.from_tensors(src, tgt, corpus.target_tokens(indices), pad_id=corpus.pad_id)
 
 
-def device_rate(step, model_size, factor=1.0, warmup=4000):
+def device_rate(step, model_size, factor=1.0, *, warmup=4000):
     """CUDA graphs: Eq. (3) as `rate` computes it, for a step count held in a tensor, computed
     where the tensor is; step 0 counts as step 1."""
     step = step.clamp(min=1)
@@ -84,7 +84,7 @@ class DeviceSchedule:
     cools the rate down over the last `share` of the run as annealed_rate does (the
     training-runs page), in a captured step too."""
 
-    def __init__(self, optimizer, d_model, factor=1.0, warmup=4000):
+    def __init__(self, optimizer, d_model, factor=1.0, *, warmup=4000):
         self.lr = optimizer.param_groups[0]["lr"]
         if not all(group["lr"] is self.lr for group in optimizer.param_groups):
             raise ValueError("every parameter group must read the same learning-rate tensor")
@@ -99,7 +99,7 @@ class DeviceSchedule:
         step, last = self.steps + 1, self.last_step
         ramp = ((last - step) / (self.share * (last - self.warmup)).clamp(min=1)).clamp(0, 1)
         ramp = torch.where(last > 0, ramp, 1.0)  # 0: not planned, Eq. (3) alone
-        self.lr.copy_(device_rate(step, self.d_model, self.factor, self.warmup) * ramp)
+        self.lr.copy_(device_rate(step, self.d_model, self.factor, warmup=self.warmup) * ramp)
 
     def plan(self, last_step):
         self.last_step.fill_(last_step)
@@ -113,7 +113,7 @@ class DeviceSchedule:
         self.plan(state.get("last_step", 0))
 
 
-def make_capturable_optimizer(model, d_model, factor=1.0, warmup=4000, weight_decay=0.0):
+def make_capturable_optimizer(model, d_model, factor=1.0, *, warmup=4000, weight_decay=0.0):
     """CUDA graphs: make_optimizer's AdamW and Eq. (3) for a step that can be captured: fused
     (one kernel updates every parameter), its learning rate a float32 tensor on the
     parameters' device that a DeviceSchedule sets, capturable on a GPU (its step counts
@@ -121,15 +121,21 @@ def make_capturable_optimizer(model, d_model, factor=1.0, warmup=4000, weight_de
     device = next(model.parameters()).device
     capturable = device.type == "cuda"
     optimizer, _ = make_optimizer(  # its Eq. (3) schedule is replaced below
-        model, d_model, factor, warmup, weight_decay, fused=True, capturable=capturable
+        model,
+        d_model,
+        factor,
+        warmup=warmup,
+        weight_decay=weight_decay,
+        fused=True,
+        capturable=capturable,
     )
     lr = torch.zeros((), dtype=torch.float32, device=device)  # the fused kernel reads a float
     for group in optimizer.param_groups:
         group["lr"] = lr
-    return optimizer, DeviceSchedule(optimizer, d_model, factor, warmup)
+    return optimizer, DeviceSchedule(optimizer, d_model, factor, warmup=warmup)
 
 
-def capturable_step(model, optimizer, schedule, smoothing, amp=None):
+def capturable_step(model, optimizer, schedule, *, smoothing, amp=None):
     """CUDA graphs: train_step as a function of tensors alone, that a CUDA graph can capture.
     step(src, tgt, ntokens, causal): source ids (batch, S), target ids with <s> and </s>
     (batch, T + 1), the real target tokens (a number, or a tensor on the device), and
@@ -141,8 +147,9 @@ def capturable_step(model, optimizer, schedule, smoothing, amp=None):
     def step(src, tgt, ntokens, causal):
         tgt_in, tgt_y = tgt[:, :-1], tgt[:, 1:]
         # target_mask, its causal part made once per length, outside the step
-        masks = padding_mask(src, PAD_ID), padding_mask(tgt_in, PAD_ID) & causal
-        batch = Batch(src, tgt_in, tgt_y, *masks, ntokens)
+        masks = {"src_mask": padding_mask(src, PAD_ID)}
+        masks["tgt_mask"] = padding_mask(tgt_in, PAD_ID) & causal
+        batch = Batch(src, tgt_in, tgt_y, ntokens=ntokens, **masks)
         precision = contextlib.nullcontext()
         if amp:  # no cache of cast weights in a capture (make_graphed_callables refuses it)
             precision = torch.autocast(src.device.type, amp, cache_enabled=False)
@@ -180,10 +187,10 @@ class GraphedTrainStep:
     the parameters, gradients and optimizer state: load checkpoints before the first step.
     On a CPU (or `meta`) every batch runs the same step eagerly."""
 
-    def __init__(self, model, optimizer, schedule, smoothing, amp=None, eager_steps=3):
+    def __init__(self, model, optimizer, schedule, *, smoothing, amp=None, eager_steps=3):
         if eager_steps < 1:  # the optimizer's state must exist before a capture
             raise InputError(f"eager_steps must be at least 1, got {eager_steps}")
-        self.step = capturable_step(model, optimizer, schedule, smoothing, amp)
+        self.step = capturable_step(model, optimizer, schedule, smoothing=smoothing, amp=amp)
         self.device, self.eager_steps = schedule.lr.device, eager_steps
         self.graphed = self.device.type == "cuda"
         self.shapes, self.masks = {}, {}

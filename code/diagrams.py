@@ -71,7 +71,7 @@ def _column(ax, x, y, boxes, width=1.8, gap=0.22, into=True, out=0.0):
     return spans
 
 
-def _sublayer(ax, x, y, side, text, code, fill, inputs="qkv"):
+def _sublayer(ax, x, y, side, *, text, code, fill, inputs="qkv"):
     """One sub-layer and its residual connection, from the line at (x, y) upwards: the
     sub-layer box, then Add & Norm, which also takes a skip line that goes around the box on
     `side` (-1 left, +1 right). inputs: "qkv" splits the line into V, K, Q arrows, "q" takes
@@ -94,14 +94,16 @@ def _sublayer(ax, x, y, side, text, code, fill, inputs="qkv"):
     return norm, bottom
 
 
-def _stack(ax, x, side, inputs, embedding, layer, sublayers):
-    """One side of Figure 1 from the bottom: inputs, embedding, + positional encoding (the
-    sinusoid drawn on `side`), then the N× block of sub-layers; returns the bottoms of the
-    sub-layer boxes and the block's top line."""
+def _stack(ax, x, side, *, inputs, embedding, layer, sublayers):
+    """One side of Figure 1 from the bottom: inputs, embedding (each a (text, code) pair),
+    + positional encoding (the sinusoid drawn on `side`), then the N× block of sub-layers
+    (_sublayer's keywords each); returns the bottoms of the sub-layer boxes and the block's
+    top line."""
     ha = "left" if side > 0 else "right"
-    height = _label(ax, x, 0.25, *inputs)
+    (text, code), (name, module) = inputs, embedding
+    height = _label(ax, x, 0.25, text, code)
     _arrow(ax, (x, 0.25 + height / 2), (x, 0.55))
-    top = _box(ax, x, 0.55, *embedding, "embed")
+    top = _box(ax, x, 0.55, name, module, "embed")
     plus, wave = (x, top + 0.23), (x + side * 0.38, top + 0.23)
     _arrow(ax, (x, top), (x, plus[1] - 0.09))
     _arrow(ax, (wave[0] - side * 0.11, wave[1]), (x + side * 0.09, plus[1]))
@@ -111,13 +113,19 @@ def _stack(ax, x, side, inputs, embedding, layer, sublayers):
     _line(ax, (x, plus[1] - 0.09), (x, plus[1] + 0.09))
     t = np.linspace(-1, 1, 40)
     _line(ax, *zip(wave[0] + 0.08 * t, wave[1] + 0.05 * np.sin(np.pi * t)))
-    pe = ("Positional\nEncoding", "PositionalEncoding")
-    _label(ax, wave[0] + side * 0.15, wave[1] - 0.03, *pe, ha=ha)
+    _label(
+        ax,
+        wave[0] + side * 0.15,
+        wave[1] - 0.03,
+        "Positional\nEncoding",
+        "PositionalEncoding",
+        ha=ha,
+    )
     y = plus[1] + 0.3
     _line(ax, (x, plus[1] + 0.09), (x, y))
     bottoms = []
     for sublayer in sublayers:
-        y, bottom = _sublayer(ax, x, y, side, *sublayer)
+        y, bottom = _sublayer(ax, x, y, side, **sublayer)
         bottoms.append(bottom)
     corner, size = (x - 1.2, plus[1] + 0.24), (2.4, y + 0.08 - plus[1] - 0.24)
     style = {"boxstyle": "round,pad=0,rounding_size=0.1", "fc": "#efefef", "ec": "#777777"}
@@ -134,14 +142,20 @@ def architecture_figure():
     decoder layer's second attention."""
     fig, ax = _canvas(6.8, 7.25)
     xe, xd = 1.65, 5.1
-    attention = ("Multi-Head Attention", "MultiHeadedAttention", "attn")
-    masked = ("Masked\nMulti-Head Attention", "MultiHeadedAttention\n+ subsequent_mask", "attn")
-    memory = ("Multi-Head Attention", "MultiHeadedAttention\n(src_attn)", "attn", "q")
-    ffn = ("Feed Forward", "PositionwiseFeedForward", "ffn", "")
-    src = ("Inputs", "src"), ("Input Embedding", "Embeddings"), "EncoderLayer"
-    tgt = ("Outputs\n(shifted right)", "tgt"), ("Output Embedding", "Embeddings"), "DecoderLayer"
-    _, enc_top = _stack(ax, xe, -1, *src, [attention, ffn])
-    (_, cross, _), dec_top = _stack(ax, xd, +1, *tgt, [masked, memory, ffn])
+    attention = {"text": "Multi-Head Attention", "code": "MultiHeadedAttention", "fill": "attn"}
+    masked = {**attention, "text": "Masked\nMulti-Head Attention"}
+    masked["code"] = "MultiHeadedAttention\n+ subsequent_mask"
+    memory = {**attention, "code": "MultiHeadedAttention\n(src_attn)", "inputs": "q"}
+    ffn = {"text": "Feed Forward", "code": "PositionwiseFeedForward", "fill": "ffn", "inputs": ""}
+    _, enc_top = _stack(
+        ax, xe, -1, inputs=("Inputs", "src"), embedding=("Input Embedding", "Embeddings"),
+        layer="EncoderLayer", sublayers=[attention, ffn],
+    )  # fmt: skip
+    (_, cross, _), dec_top = _stack(
+        ax, xd, +1, inputs=("Outputs\n(shifted right)", "tgt"),
+        embedding=("Output Embedding", "Embeddings"), layer="DecoderLayer",
+        sublayers=[masked, memory, ffn],
+    )  # fmt: skip
     # the encoder's output, the memory z, goes up, across and down into V and K
     high, gap, low = enc_top + 0.25, (xe + xd) / 2, cross - 0.14
     _line(ax, (xe, enc_top), (xe, high), (gap, high), (gap, low), (xd, low))
@@ -151,8 +165,8 @@ def architecture_figure():
     out = [("Linear", "Generator.projection", "linear"), ("Softmax", "log_softmax", "softmax")]
     top = _column(ax, xd, dec_top, out, gap=0.2, out=0.2)[-1][1]
     _label(ax, xd, top + 0.32, "Output Probabilities")
-    note = ("Add & Norm is post-LN, as in the paper:", "LayerNorm(x + Dropout(Sublayer(x)))")
-    _label(ax, 0.1, top + 0.1, *note, ha="left")
+    note, formula = "Add & Norm is post-LN, as in the paper:", "LayerNorm(x + Dropout(Sublayer(x)))"
+    _label(ax, 0.1, top + 0.1, note, formula, ha="left")
     return fig
 
 

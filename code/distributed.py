@@ -49,7 +49,7 @@ def gather_rng_states(device, world):
     return states
 
 
-def restore_rng_state(states, rank, world, device):
+def restore_rng_state(states, rank, world, *, device):
     """This rank's saved random state back in place; a different process count warns."""
     if len(states) != world:
         warnings.warn(

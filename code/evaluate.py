@@ -169,7 +169,13 @@ def choose_alpha(model, tokenizer, pairs, *, alphas, batch_size=64):
     scores = []
     for alpha in alphas:
         figures = at.evaluate_bleu(
-            model, tokenizer, pairs, 4, alpha, batch_size, fd.fast_decode_batch
+            model,
+            tokenizer,
+            pairs,
+            beam_size=4,
+            alpha=alpha,
+            batch_size=batch_size,
+            decode=fd.fast_decode_batch,
         )
         scores.append(
             {"alpha": alpha, "sacreBLEU": figures["bleu"], "length ratio": figures["length_ratio"]}
@@ -195,7 +201,13 @@ def score_table(weights, sets, *, alpha, device, batch_size, out):
         for split, pairs in sets.items():
             for beam_size in (1, 4):
                 scores = at.evaluate_bleu(
-                    model, tokenizer, pairs, beam_size, alpha, batch_size, fd.fast_decode_batch
+                    model,
+                    tokenizer,
+                    pairs,
+                    beam_size=beam_size,
+                    alpha=alpha,
+                    batch_size=batch_size,
+                    decode=fd.fast_decode_batch,
                 )
                 signature = scores["signature"]
                 decoding = at.decoding_label(beam_size, alpha)
@@ -233,7 +245,13 @@ def store_paper_beam(model, tokenizer, pairs, *, batch_size, out):
     alpha is worth (chapter 6.1), never a candidate."""
     sources = [source for source, _ in pairs]
     hypotheses = at.translate(
-        model, tokenizer, sources, 4, scoring.PAPER_ALPHA, batch_size, fd.fast_decode_batch
+        model,
+        tokenizer,
+        sources,
+        beam_size=4,
+        alpha=scoring.PAPER_ALPHA,
+        batch_size=batch_size,
+        decode=fd.fast_decode_batch,
     )
     scoring.write_hypotheses(
         out, hypotheses, split="test2016", decoding=scoring.PAPER_BEAM, weights="averaged"

@@ -74,7 +74,7 @@ class DecoderStep(torch.nn.Module):
         src_mask = at.padding_mask(src, at.PAD_ID)
         length = tgt.size(1)
         causal = torch.ones(length, length, dtype=torch.bool, device=tgt.device).tril()
-        states = self.model.decode(memory, src_mask, tgt, causal.unsqueeze(0))
+        states = self.model.decode(memory, src_mask, tgt, tgt_mask=causal.unsqueeze(0))
         weights = self.model.decoder.layers[-1].src_attn.weights  # (batch, h, tgt, src)
         return self.model.generator(states[:, -1]), weights
 
@@ -114,7 +114,7 @@ def weights_in_float16(graph_proto):
     return graph_proto
 
 
-def export_graph(module, inputs, names, dynamic, path):
+def export_graph(module, inputs, names, *, dynamic, path):
     """One module to one self-contained ONNX file with float16 weights, written atomically."""
     with warnings.catch_warnings():
         # the exporter's advice (register `weights` as a buffer, ...) does not apply here
@@ -148,19 +148,19 @@ def export(checkpoint, out, examples):
             Encoder(model),
             (src,),
             (["src"], ["memory"]),
-            {"src": {0: batch, 1: src_len}},
-            out / "encoder.onnx",
+            dynamic={"src": {0: batch, 1: src_len}},
+            path=out / "encoder.onnx",
         )
         export_graph(
             DecoderStep(model),
             (memory, src, tgt),
             (["memory", "src", "tgt"], ["log_probs", "attention"]),
-            {
+            dynamic={
                 "memory": {0: batch, 1: src_len},
                 "src": {0: batch, 1: src_len},
                 "tgt": {0: batch, 1: tgt_len},
             },
-            out / "decoder.onnx",
+            path=out / "decoder.onnx",
         )
     settings = {
         "pad_id": at.PAD_ID,

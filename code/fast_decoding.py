@@ -31,7 +31,7 @@ def best_extensions(scores, log_probs, k):
     return top_scores, index // vocab, index % vocab
 
 
-def sort_candidates(top_scores, ends, done, k):
+def sort_candidates(top_scores, ends, done, *, k):
     """Walk down each sentence's candidates, best first, until k go on: those that end on
     the way (the end symbol, or the length limit) finish. -> in_beam, finishing (batch, 2k)."""
     valid = (top_scores != float("-inf")) & ~done.unsqueeze(1)
@@ -48,7 +48,7 @@ class FinishedHypotheses:
         self.tokens = torch.full((batch, steps), PAD_ID, dtype=torch.long, device=device)
         self.length = torch.zeros(batch, dtype=torch.long, device=device)
 
-    def add(self, ys, rows, top_scores, tokens, finishing, alpha):
+    def add(self, ys, rows, top_scores, *, tokens, finishing, alpha):
         """Keep each sentence's best candidate that finishes now if it beats the best so far."""
         length = ys.size(1)
         ranked = top_scores.double() / length_penalty(length, alpha)
@@ -67,7 +67,7 @@ class FinishedHypotheses:
         return torch.cat([start, self.tokens[:, :width]], dim=1)
 
 
-def fill_slots(slot, top_scores, tokens, rows, unchanged):
+def fill_slots(slot, top_scores, tokens, *, rows, unchanged):
     """The next beam: candidate i goes to row slot[i] of its sentence's k (k: not in the
     beam); a row nothing fills keeps its unchanged prefix, scored -inf. -> scores, tokens,
     rows."""
@@ -89,7 +89,7 @@ class PrefixDecoder:
     def next_log_probs(self, ys):
         group = ys.size(0) // self.memory.size(0)  # hypotheses per sentence
         memory, src_mask = (x.repeat_interleave(group, 0) for x in (self.memory, self.src_mask))
-        return next_log_probs(self.model, memory, src_mask, ys)
+        return next_log_probs(self.model, memory, src_mask, ys=ys)
 
     def slots(self, in_beam, parent, k):
         """Rows for the candidates in the beam: rank order (this decoder keeps no rows)."""
@@ -99,7 +99,7 @@ class PrefixDecoder:
         """Nothing to move: ys holds the prefixes, and every step reads them again."""
 
 
-def start_decoding(model, src, src_mask, cache):
+def start_decoding(model, src, src_mask, *, cache):
     """Encode the source once; return the decoder of each step, cached or plain."""
     decoder = KeyValueCache if cache else PrefixDecoder
     return decoder(model, model.encode(src, src_mask), src_mask)
@@ -107,11 +107,11 @@ def start_decoding(model, src, src_mask, cache):
 
 @torch.no_grad()  # decoding picks tokens: nothing to differentiate
 def fast_greedy_decode(
-    model, src, src_mask, max_len=None, start_symbol=BOS_ID, end_symbol=EOS_ID, cache=True
+    model, src, src_mask, *, max_len=None, start_symbol=BOS_ID, end_symbol=EOS_ID, cache=True
 ):
     """Chapter 5's greedy_decode with the decoder of start_decoding: the same tokens."""
     limits = output_limits(src_mask, max_len)
-    decoder = start_decoding(model, src, src_mask, cache)
+    decoder = start_decoding(model, src, src_mask, cache=cache)
     ys = torch.full((src.size(0), 1), start_symbol, dtype=torch.long, device=src.device)
     done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
     for t in range(int(limits.max())):
@@ -128,6 +128,7 @@ def fast_beam_search(
     model,
     src,
     src_mask,
+    *,
     max_len=None,
     start_symbol=BOS_ID,
     end_symbol=EOS_ID,
@@ -141,7 +142,7 @@ def fast_beam_search(
     k, batch, device = positive_int("beam_size", beam_size), src.size(0), src.device
     limits = output_limits(src_mask, max_len)
     limit_penalty = length_penalty(limits.double(), alpha)  # the largest lp of each sentence
-    decoder = start_decoding(model, src, src_mask, cache)
+    decoder = start_decoding(model, src, src_mask, cache=cache)
     ys = torch.full((batch, 1), start_symbol, dtype=torch.long, device=device)
     scores = torch.zeros(batch, 1, device=device)  # log P; at first one empty prefix each
     finished = FinishedHypotheses(batch, int(limits.max()), device)
@@ -152,11 +153,13 @@ def fast_beam_search(
         first_row = torch.arange(batch, device=device).unsqueeze(1) * per_sentence
         rows = first_row + parent  # the row of ys each candidate extends
         ends = (tokens == end_symbol) | (length >= limits).unsqueeze(1)
-        in_beam, finishing = sort_candidates(top_scores, ends, done, k)
-        finished.add(ys, rows, top_scores, tokens, finishing, alpha)
+        in_beam, finishing = sort_candidates(top_scores, ends, done, k=k)
+        finished.add(ys, rows, top_scores, tokens=tokens, finishing=finishing, alpha=alpha)
         slot = decoder.slots(in_beam, parent, k)
         unchanged = first_row + torch.arange(k + 1, device=device).clamp(max=per_sentence - 1)
-        scores, new_tokens, new_rows = fill_slots(slot, top_scores, tokens, rows, unchanged)
+        scores, new_tokens, new_rows = fill_slots(
+            slot, top_scores, tokens, rows=rows, unchanged=unchanged
+        )
         # log P only falls as a hypothesis grows, and lp is largest at the length limit
         done |= ~in_beam.any(dim=-1) | (finished.score >= scores.max(-1).values / limit_penalty)
         # the step's one wait for the device: is every sentence done, and which rows moved
@@ -169,7 +172,7 @@ def fast_beam_search(
     return finished.output(start_symbol)
 
 
-def fast_decode_batch(model, src, src_mask, beam_size=4, alpha=0.6):
+def fast_decode_batch(model, src, src_mask, *, beam_size=4, alpha=0.6):
     """Chapter 6.1's decode_batch on the fast path, for translate(..., decode=...): the
     same tokens, the whole batch at once, with the key/value cache."""
     if beam_size == 1:
@@ -215,7 +218,7 @@ class AttentionCache:
             buffer.index_copy_(0, target, buffer.index_select(0, source))
 
 
-def grouped_attention(attn, x, key, value, mask=None):
+def grouped_attention(attn, x, key, *, value, mask=None):
     """Fast decoding: MultiHeadedAttention `attn` for one new position per row, x (batch, 1,
     d_model), against keys (rows, h, seq_k, d_k) and values (rows, h, seq_k, d_v) already
     projected, mask (rows, 1, seq_k) or None -> (batch, 1, d_model). batch is a multiple of
@@ -226,12 +229,12 @@ def grouped_attention(attn, x, key, value, mask=None):
     query = attn.w_q(x).view(rows, group, attn.h, attn.d_k).transpose(1, 2)
     if mask is not None:
         mask = mask.unsqueeze(1)  # (rows, 1, 1, seq_k): for every head and every query
-    out, _ = attention(query, key, value, mask, attn.dropout)
+    out, _ = attention(query, key, value, mask=mask, dropout=attn.dropout)
     # (rows, h, group, d_v) -> (rows * group, 1, h * d_v): Concat(head_1, ..., head_h)
     return attn.w_o(out.transpose(1, 2).reshape(-1, 1, attn.h * attn.d_v))
 
 
-def decoder_layer_step(layer, x, self_cache, memory_keys, memory_values, src_mask):
+def decoder_layer_step(layer, x, self_cache, *, memory_keys, memory_values, src_mask):
     """DecoderLayer.forward for one new position per row, x (rows, 1, d_model), with its
     caches: self_cache, the AttentionCache of its masked self-attention; the memory's keys and
     values, projected once (one row per sentence)."""
@@ -242,11 +245,15 @@ def decoder_layer_step(layer, x, self_cache, memory_keys, memory_values, src_mas
             attn.split_heads(attn.w_k(x), attn.d_k),
             attn.split_heads(attn.w_v(x), attn.d_v),
         )
-        return grouped_attention(attn, x, *self_cache.append(key, value))
+        keys, values = self_cache.append(key, value)
+        return grouped_attention(attn, x, keys, value=values)
 
     x = layer.sublayer[0](x, self_attention)
     x = layer.sublayer[1](
-        x, lambda x: grouped_attention(layer.src_attn, x, memory_keys, memory_values, src_mask)
+        x,
+        lambda x: grouped_attention(
+            layer.src_attn, x, memory_keys, value=memory_values, mask=src_mask
+        ),
     )
     return layer.sublayer[2](x, layer.feed_forward)
 
@@ -258,7 +265,9 @@ def decode_step(model, tokens, cache):
     embed, position = model.tgt_embed
     x = position(embed(tokens), offset=cache.length)
     for layer, self_cache, (key, value) in zip(model.decoder.layers, cache.self_attn, cache.memory):
-        x = decoder_layer_step(layer, x, self_cache, key, value, cache.src_mask)
+        x = decoder_layer_step(
+            layer, x, self_cache, memory_keys=key, memory_values=value, src_mask=cache.src_mask
+        )
     cache.length += 1
     return model.generator(model.decoder.norm(x)[:, -1])
 

@@ -16,7 +16,7 @@ def _as_array(x):
     return x.detach().cpu().float().numpy() if isinstance(x, torch.Tensor) else x
 
 
-def heatmap(matrix, title, xlabel, ylabel, figsize=(5, 4), **options):
+def heatmap(matrix, title, xlabel, *, ylabel, figsize=(5, 4), **options):
     """A labelled heatmap of one 2-D matrix (a mask, attention weights, a table); options go
     to seaborn.heatmap (cmap, default viridis; vmin, vmax, annot, xticklabels, ...)."""
     fig, ax = plt.subplots(figsize=figsize)
@@ -25,13 +25,13 @@ def heatmap(matrix, title, xlabel, ylabel, figsize=(5, 4), **options):
     return fig
 
 
-def mask_plot(mask, title, query_label="query position", key_label="key position"):
+def mask_plot(mask, title, query_label="query position", *, key_label="key position"):
     """A boolean mask (seq_q, seq_k): dark where attending is allowed."""
     fig = heatmap(
         _as_array(mask).astype(float),
         title,
         key_label,
-        query_label,
+        ylabel=query_label,
         cmap="Greys",
         vmin=0,
         vmax=1,
@@ -41,7 +41,9 @@ def mask_plot(mask, title, query_label="query position", key_label="key position
     return fig
 
 
-def curves(x, series, title, xlabel, ylabel, logx=False, logy=False, styles=None, figsize=(6.4, 4)):
+def curves(
+    x, series, title, *, xlabel, ylabel, logx=False, logy=False, styles=None, figsize=(6.4, 4)
+):
     """Line plot of several named series over the same x: series = {label: ys}."""
     fig, ax = plt.subplots(figsize=figsize)
     for label, ys in series.items():
@@ -55,7 +57,7 @@ def curves(x, series, title, xlabel, ylabel, logx=False, logy=False, styles=None
     return fig
 
 
-def histograms(samples, title, xlabel, bins=60, figsize=(6.4, 4)):
+def histograms(samples, title, xlabel, *, bins=60, figsize=(6.4, 4)):
     """Overlaid density histograms of several named samples: samples = {label: values}."""
     fig, ax = plt.subplots(figsize=figsize)
     for label, values in samples.items():
@@ -66,7 +68,7 @@ def histograms(samples, title, xlabel, bins=60, figsize=(6.4, 4)):
 
 
 def table3_changes(
-    labels, paper, ours, series=("paper", "ours"), noise=None, ours_range=None, title=None
+    labels, paper, ours, *, series=("paper", "ours"), noise=None, ours_range=None, title=None
 ):
     """Table 3 as changes from the base row: for each row (labels, top to bottom) a pair of
     horizontal bars, the paper's change and ours, in percent of the base row's value, named
@@ -100,7 +102,7 @@ def table3_changes(
 
 
 def ppl_vs_params(
-    labels, paper_params, paper_ppl, our_params, our_ppl, series=("paper", "ours"), title=None
+    labels, paper_params, paper_ppl, *, our_params, our_ppl, series=("paper", "ours"), title=None
 ):
     """Perplexity against parameters, the paper's rows and ours (named by `series` in the
     legend), each relative to its base row (the first entry), on log-log axes; a thin line
@@ -199,7 +201,7 @@ def _place_labels(ax, labels, at, points, fontsize=8):
         )
 
 
-def recipe_search(trials, title, xlabel, start="start"):
+def recipe_search(trials, title, xlabel, *, start="start"):
     """A search by successive halving: one horizontal bar per trial (a DataFrame with
     columns trial, rung, budget_min, val_bleu), its score after the first rung's budget,
     the trials of later rungs marked on the same row; a vertical line at the `start`
@@ -251,7 +253,7 @@ def time_to_bleu(runs, title, ylabel="val BLEU"):
 
 
 def attention_grid(
-    weights, query_tokens, key_tokens, title, vmax=1.0, cell=0.16, width=7.0, first_layer=1
+    weights, query_tokens, key_tokens, *, title, vmax=1.0, cell=0.16, width=7.0, first_layer=1
 ):
     """Attention weights of every head, one heatmap each, tokens as labels: weights is
     (N, h, seq_q, seq_k), panels titled "layer l, head i", or one layer's (h, seq_q, seq_k),
@@ -302,7 +304,7 @@ def attention_grid(
     return fig
 
 
-def attention_lines(weights, tokens, query, title, heads=None, threshold=0.05):
+def attention_lines(weights, tokens, query, *, title, heads=None, threshold=0.05):
     """The paper's way of drawing self-attention (Figures 3-5): the sentence twice, queries
     on top and keys below, a line from query to key for each weight above threshold, its
     opacity the weight, one colour per head. weights is one layer's (h, seq, seq); query is
@@ -351,7 +353,7 @@ def attention_lines(weights, tokens, query, title, heads=None, threshold=0.05):
     return fig
 
 
-def head_heatmaps(values, title, reference=None, reference_label="uniform", width=7.0):
+def head_heatmaps(values, title, reference=None, *, reference_label="uniform", width=7.0):
     """Per-head statistics as small heatmaps, one panel per statistic: values maps a
     statistic's name to an (N, h) array (layer by head), drawn with layers as rows and heads
     as columns, each cell annotated with its value and each panel with its own colour bar.
@@ -421,7 +423,7 @@ def head_heatmaps(values, title, reference=None, reference_label="uniform", widt
 # Figures of chapters 1, 2 and 4 ---------------------------------------------------------
 
 
-def against_length(sizes, series, title, ylabel, logy=True, legend_beside=False):
+def against_length(sizes, series, title, *, ylabel, logy=True, legend_beside=False):
     """Named series measured at the same sequence lengths (series = {label: values}) on a log
     n axis, ticked at each measured n; lines that coincide differ by their dash."""
     sizes = _as_array(sizes)
@@ -464,7 +466,7 @@ def residual_stream_scale(rms):
     per arrangement: rms = {label: values, one per block}."""
     blocks = np.arange(1, len(next(iter(rms.values()))) + 1)
     title = "Scale of the residual stream through a deep stack"
-    return curves(blocks, rms, title, "block", "root-mean-square of the stream")
+    return curves(blocks, rms, title, xlabel="block", ylabel="root-mean-square of the stream")
 
 
 def dot_product_variance(dims, measured):
@@ -472,10 +474,12 @@ def dot_product_variance(dims, measured):
     series = {"measured variance of q.k": measured, "d_k (the footnote)": dims}
     styles = {"measured variance of q.k": "o", "d_k (the footnote)": "--"}
     title = "Dot products of random unit-variance vectors"
-    return curves(dims, series, title, "d_k", "variance", logx=True, logy=True, styles=styles)
+    return curves(
+        dims, series, title, xlabel="d_k", ylabel="variance", logx=True, logy=True, styles=styles
+    )
 
 
-def per_query_quantiles(dims, panels, logy=(), width=7.0):
+def per_query_quantiles(dims, panels, logy=(), *, width=7.0):
     """Per-query statistics over d_k, one panel each: for every series its median (line),
     quartiles (dark band), 10% to 90% quantiles (light band) and mean (dotted).
     panels = {ylabel: {label: one tensor of per-query values per d_k}}; logy: the panels
@@ -506,7 +510,7 @@ def head_maps(weights, title):
     labelled t0, t1, ..."""
     h, seq_q, seq_k = weights.shape
     query_tokens, key_tokens = [f"t{i}" for i in range(seq_q)], [f"t{i}" for i in range(seq_k)]
-    return attention_grid(weights, query_tokens, key_tokens, title, cell=0.09)
+    return attention_grid(weights, query_tokens, key_tokens, title=title, cell=0.09)
 
 
 # Figures of chapters 3.3 to 3.6 ---------------------------------------------------------
@@ -520,7 +524,7 @@ def positional_table(table):
         _as_array(table).T,
         f"Positional encoding, {positions} positions x {d_model} dimensions",
         "position",
-        "dimension",
+        ylabel="dimension",
         xticklabels=10,
         yticklabels=16,
         cmap="RdBu",
@@ -534,7 +538,7 @@ def positional_dimensions(table, dimensions):
     """Some columns of a positional encoding table (positions, d_model) against position."""
     series = {f"dimension {d}": _as_array(table)[:, d] for d in dimensions}
     title = "A few dimensions of the encoding"
-    fig = curves(np.arange(len(table)), series, title, "position", "value")
+    fig = curves(np.arange(len(table)), series, title, xlabel="position", ylabel="value")
     fig.axes[0].legend(loc="upper left", bbox_to_anchor=(1, 1))  # beside the curves
     return fig
 
@@ -548,8 +552,8 @@ def rotating_pair(table, i):
         pair[:, 0],
         {label: pair[:, 1]},
         "One (sin, cos) pair: positions walk around a circle",
-        f"PE(pos, {2 * i})",
-        f"PE(pos, {2 * i + 1})",
+        xlabel=f"PE(pos, {2 * i})",
+        ylabel=f"PE(pos, {2 * i + 1})",
         styles={label: "o-"},
         figsize=(4.5, 4.5),
     )
@@ -562,7 +566,7 @@ def dot_products_by_offset(offsets, series):
     series = {label: values}."""
     styles = dict(zip(series, itertools.cycle(["-", "--", ":", "-."])))
     title = "PE(pos) . PE(pos + k) depends on k only"
-    return curves(offsets, series, title, "offset k", "dot product", styles=styles)
+    return curves(offsets, series, title, xlabel="offset k", ylabel="dot product", styles=styles)
 
 
 # Figures of chapters 6.2 and 7 ----------------------------------------------------------
@@ -575,7 +579,7 @@ def _short_change(ours):
     return " ".join([p for p in parts if not p.startswith(("d_k=", "d_v="))] or parts) or "base"
 
 
-def table3_comparison(comparison, noise, series, title):
+def table3_comparison(comparison, noise, series, *, title):
     """Chapter 6.2's bars: table3_changes for every row of `comparison` but the base row, a
     frame indexed by the paper's labels with the columns "ours" (what the row changes at our
     scale), "paper ΔPPL %", "ΔPPL %" and our extremes over seeds, "lowest" and "highest";
@@ -585,10 +589,10 @@ def table3_comparison(comparison, noise, series, title):
         [f"{label}\nours: {ours}" for label, ours in zip(changed.index, changed["ours"])],
         changed["paper ΔPPL %"],
         changed["ΔPPL %"],
-        series,
-        noise,
-        (changed["lowest"], changed["highest"]),
-        title,
+        series=series,
+        noise=noise,
+        ours_range=(changed["lowest"], changed["highest"]),
+        title=title,
     )
 
 
@@ -601,10 +605,10 @@ def table3_sizes(comparison, series, title):
         [_short_change(ours) for ours in sized["ours"]],
         sized["paper params ×10⁶"].to_numpy(dtype=float),
         sized["paper PPL"].to_numpy(dtype=float),
-        sized["params"].to_numpy(dtype=float),
-        sized["PPL"].to_numpy(dtype=float),
-        series,
-        title,
+        our_params=sized["params"].to_numpy(dtype=float),
+        our_ppl=sized["PPL"].to_numpy(dtype=float),
+        series=series,
+        title=title,
     )
 
 
@@ -625,10 +629,10 @@ def sentence_attention(sentence, kind, layer, **options):
     }
     title = f"layer {layer}, {names[kind]}: {sentence['text']}"
     weights = sentence["attention"][kind][layer - 1 : layer]
-    return attention_grid(weights, queries, keys, title, first_layer=layer, **options)
+    return attention_grid(weights, queries, keys, title=title, first_layer=layer, **options)
 
 
-def head_table_figure(table, columns, title, reference=None, reference_label="uniform"):
+def head_table_figure(table, columns, title, *, reference=None, reference_label="uniform"):
     """head_heatmaps of a table with one row per head, indexed "layer.head" in order
     (1.1, 1.2, ...), and a last row "uniform" (as attention_maps.head_table returns it):
     one panel per column. reference maps a column to its baseline; by default the uniform
@@ -641,7 +645,7 @@ def head_table_figure(table, columns, title, reference=None, reference_label="un
     values = {column: heads[column].to_numpy().reshape(shape) for column in columns}
     if reference is None:
         reference = {column: table.loc["uniform", column] for column in columns}
-    return head_heatmaps(values, title, reference, reference_label)
+    return head_heatmaps(values, title, reference, reference_label=reference_label)
 
 
 # Figures of chapters 5 and 6.1 ----------------------------------------------------------

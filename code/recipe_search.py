@@ -91,7 +91,7 @@ def spent(folder):
     return json.loads(state.read_text()) if state.exists() else {"cpu_seconds": 0.0}
 
 
-def train_until(folder, config, budget, tokenizer, pairs, val_pairs, log):
+def train_until(folder, config, budget, *, tokenizer, pairs, val_pairs, log):
     """Train a trial into `folder` in chunks of eval_every steps until it has used `budget`
     CPU seconds; returns the metrics of its last validation and the CPU seconds used."""
     state = spent(folder)
@@ -100,7 +100,9 @@ def train_until(folder, config, budget, tokenizer, pairs, val_pairs, log):
         step = at.read_checkpoint(folder / "checkpoint.pt")["step"] if resume else 0
         chunk = profiles.apply_changes(config, {"max_steps": step + config.eval_every})
         start = time.process_time()
-        training.train(chunk, pairs, folder, tokenizer, val_pairs, resume=resume, log=log)
+        training.train(
+            chunk, pairs, folder, tokenizer=tokenizer, val_pairs=val_pairs, resume=resume, log=log
+        )
         state["cpu_seconds"] += time.process_time() - start
         safe_files.write_json(folder / "search.json", state)
     metrics = json.loads((folder / "metrics.json").read_text())
@@ -160,14 +162,22 @@ def main(argv=None):
                 continue
             scores = {}
             for trial in alive:
-                row = rung_row(args, trial, rung, minutes, (pairs, val_pairs), tokenizer_for, log)
+                row = rung_row(
+                    args,
+                    trial,
+                    rung,
+                    minutes=minutes,
+                    data=(pairs, val_pairs),
+                    tokenizer_for=tokenizer_for,
+                    log=log,
+                )
                 scores[trial] = (float(row["val_bleu"]), -float(row["val_loss"]))
             alive = sorted(alive, key=scores.get, reverse=True)[: max(1, len(alive) // 3)]
             log(f"rung {rung} done; promoted: {alive}")
     return 0
 
 
-def rung_row(args, trial, rung, minutes, data, tokenizer_for, log):
+def rung_row(args, trial, rung, *, minutes, data, tokenizer_for, log):
     """The table's row of `trial` at `rung`: read back when the table has it, otherwise
     trained to the rung's budget, scored and recorded."""
     table = args.out / "trials.csv"
@@ -179,7 +189,9 @@ def rung_row(args, trial, rung, minutes, data, tokenizer_for, log):
     wall = time.perf_counter()
     folder = args.out / "trials" / folder_name(trial)
     tokenizer = tokenizer_for(config.vocab_size)
-    metrics, cpu = train_until(folder, config, minutes * 60, tokenizer, pairs, val_pairs, log)
+    metrics, cpu = train_until(
+        folder, config, minutes * 60, tokenizer=tokenizer, pairs=pairs, val_pairs=val_pairs, log=log
+    )
     last = metrics["validation"][-1]
     model, _ = at.load_checkpoint(folder / "checkpoint.pt")
     row = {

@@ -72,7 +72,7 @@ class ConvolutionalLayer(nn.Module):
     odd), output i reads inputs i - (k - 1) / 2 to i + (k - 1) / 2; causal, as in ByteNet's
     decoder and WaveNet, it reads inputs i, i - dilation, ..., i - (k - 1) dilation."""
 
-    def __init__(self, d, k, dilation=1, causal=False):
+    def __init__(self, d, k, dilation=1, *, causal=False):
         super().__init__()
         if not causal and k % 2 == 0:
             raise ValueError(f"a centred kernel needs an odd width k, got {k}")
@@ -90,7 +90,7 @@ class ConvolutionalLayer(nn.Module):
 # ---- complexity: operations per layer --------------------------------------------------------
 
 
-def analytic_flops(layer_type, n, d, k=3, r=3):
+def analytic_flops(layer_type, n, d, *, k=3, r=3):
     """Floating-point operations (2 per multiply-add) of the layers above, counting matrix
     products only, as torch's flop counter does."""
     counts = {
@@ -180,7 +180,7 @@ def connections(module, n, d=2):
     return x.grad.abs().sum(-1) > 0
 
 
-def layer_graph(layer_type, n, layer=0, k=3, r=3):
+def layer_graph(layer_type, n, layer=0, *, k=3, r=3):
     """The connection graph of layer `layer` (0, 1, ...) of a stack of one layer type, as
     connections reads it off the layer itself: output i reads input j directly. The
     recurrent "layer" is one step of the recurrence, in which h_i reads h_{i-1} and x_i; the
@@ -224,7 +224,7 @@ def stacked_path_length(graph, n, limit=100_000):
     raise RuntimeError(f"positions still being connected after {limit} layers")
 
 
-def max_path_length(layer_type, n, k=3, r=3):
+def max_path_length(layer_type, n, k=3, *, r=3):
     """The maximum path length of Table 1 for n positions: how many layers (recurrence steps)
     a stack of this layer type needs until every output depends on every input it can depend
     on, found by stacked_path_length over the layers' connection graphs (layer_graph)."""
@@ -233,7 +233,7 @@ def max_path_length(layer_type, n, k=3, r=3):
     def graph(layer):
         key = layer if layer_type == "dilated convolutional" else 0  # the others repeat
         if key not in graphs:
-            graphs[key] = layer_graph(layer_type, n, layer, k, r)
+            graphs[key] = layer_graph(layer_type, n, layer, k=k, r=r)
         return graphs[key]
 
     return stacked_path_length(graph, n)

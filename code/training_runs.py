@@ -61,7 +61,7 @@ from schedule import AnnealedRate, annealed_rate, plan_last_step, time_to_plan
 # Training runs that survive (ours), from chapters/training_runs.ipynb
 # --------------------------------------------------------------------------------------
 
-def race_precisions(config, corpus, vocab, rounds=5):
+def race_precisions(config, corpus, vocab, *, rounds=5):
     """float32 (None) or bfloat16, whichever trains this recipe faster on this CPU: a
     scratch model in each takes one warm-up update, then `rounds` rounds in which the two
     take turns, one timed update each on the same batch of the run's first epoch; the
@@ -78,14 +78,18 @@ def race_precisions(config, corpus, vocab, rounds=5):
             batch = batches[i % len(batches)]  # a short epoch repeats its batches
             for amp, run in runs.items():
                 started = time.perf_counter()
-                args = run.optimizer, run.scheduler, run.scaler, config.smoothing
-                train_step_amp(run.model, batch, *args, amp=amp).tolist()
+                parts = {"scheduler": run.scheduler, "scaler": run.scaler}
+                train_step_amp(
+                    run.model, batch, run.optimizer, **parts, smoothing=config.smoothing, amp=amp
+                ).tolist()
                 if i:
                     seconds[amp].append(time.perf_counter() - started)
     return min(seconds, key=lambda amp: statistics.median(seconds[amp]))
 
 
-def train_step_amp(model, batch, optimizer, scheduler, scaler, smoothing, ntokens=None, amp=None):
+def train_step_amp(
+    model, batch, optimizer, *, scheduler, scaler, smoothing, ntokens=None, amp=None
+):
     """train_step (chapter 5) in mixed precision, for one process's share of an update: the
     loss averaged over `ntokens` target tokens (the batch's own by default). amp: an
     autocast dtype or None; scaler: a torch.amp.GradScaler, disabled unless amp is float16.
@@ -129,7 +133,7 @@ class RunState:
     validation: list = field(default_factory=list)  # per evaluation: step, seconds, figures
 
     @classmethod
-    def new(cls, config, vocab, device="cpu", amp=None, cuda_graphs=False):
+    def new(cls, config, vocab, device="cpu", *, amp=None, cuda_graphs=False):
         """A fresh run: the model initialised with config.seed, AdamW with Eq. (3) (the
         capturable one of the CUDA graphs page when asked), and the gradient scaler
         (active only for float16 autocast)."""
@@ -137,12 +141,14 @@ class RunState:
         model = build_model(vocab, vocab, config.model).to(device)
         d_model, decay = config.model.d_model, config.weight_decay
         make = make_capturable_optimizer if cuda_graphs else make_optimizer
-        optimizer, scheduler = make(model, d_model, config.lr_factor, config.warmup_steps, decay)
+        optimizer, scheduler = make(
+            model, d_model, config.lr_factor, warmup=config.warmup_steps, weight_decay=decay
+        )
         anneal = getattr(config, "anneal", 0)  # chapter 5's TrainConfig does not anneal
         if anneal and cuda_graphs:  # a DeviceSchedule anneals by itself
             scheduler.share = anneal
         elif anneal:
-            ramped = AnnealedRate(d_model, config.lr_factor, config.warmup_steps, anneal)
+            ramped = AnnealedRate(d_model, config.lr_factor, config.warmup_steps, share=anneal)
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, ramped)
         scaler = torch.amp.GradScaler(torch.device(device).type, enabled=amp == torch.float16)
         return cls(model, optimizer, scheduler, scaler)
@@ -167,14 +173,14 @@ class RunContext:
     hardware: str = ""  # the machine, as hardware_description names it, and the precision
 
 
-def epoch_updates(corpus, config, epoch, world=1):
+def epoch_updates(corpus, config, epoch, *, world=1):
     """One epoch's updates, each a list of `world` batches (index lists), one per process,
     of max_tokens / world tokens a side; the order depends only on (seed, epoch)."""
     batches = batch_by_tokens(corpus.lengths, config.max_tokens // world, config.seed + epoch)
     return [batches[i : i + world] for i in range(0, len(batches) - world + 1, world)]
 
 
-def validate(model, corpus, pairs, tokenizer):
+def validate(model, corpus, pairs, *, tokenizer):
     """The validation figures logged during training and stored with each snapshot: the
     loss over the whole corpus (its tables where the model is) and BLEU of greedy
     translations of `pairs` (6.1's evaluate_bleu), decoded on the fast path; the mode is
@@ -207,7 +213,7 @@ def differing_fields(saved, wanted, prefix=""):
     return found
 
 
-def checkpoint_to_resume(path, config, precision=None, cuda_graphs=False):
+def checkpoint_to_resume(path, config, precision=None, *, cuda_graphs=False):
     """The payload of out/checkpoint.pt, refused if written in another format, with another
     recipe, in another precision (a name in PRECISIONS; None: take the checkpoint's), or
     with and without CUDA graphs (whose optimizer and schedule save other states)."""
@@ -266,7 +272,9 @@ def save_progress(state, context):
 def resume_or_start(context, payload):
     """A fresh RunState, or the checkpointed one restored; each rank's own dropout stream."""
     vocab = context.tokenizer.get_vocab_size()
-    state = RunState.new(context.config, vocab, context.device, context.amp, context.cuda_graphs)
+    state = RunState.new(
+        context.config, vocab, context.device, amp=context.amp, cuda_graphs=context.cuda_graphs
+    )
     if payload is not None:
         for name in ("model", "optimizer", "scheduler", "scaler"):
             if payload[name]:  # a float32 or bfloat16 run's scaler saved nothing
@@ -276,7 +284,7 @@ def resume_or_start(context, payload):
         if context.config.anneal and state.step >= context.config.warmup_steps:
             plan_last_step(state, context)  # again: max_steps or max_seconds may have changed
         state.validation = payload["validations"]
-        restore_rng_state(payload["rng"], context.rank, context.world, context.device)
+        restore_rng_state(payload["rng"], context.rank, context.world, device=context.device)
         if context.rank == 0:
             context.log(f"resumed from {context.out / 'checkpoint.pt'} at step {state.step}")
     elif context.rank > 0:
@@ -284,7 +292,7 @@ def resume_or_start(context, payload):
     return state
 
 
-def tokenizer_for_run(config, pairs, out, tokenizer, payload, rank, world):
+def tokenizer_for_run(config, pairs, out, *, tokenizer, payload, rank, world):
     """The checkpoint's vocabulary when resuming, else the one given, else one that rank 0
     learns from the training pairs; saved as out/tokenizer.json."""
     if payload is not None:
@@ -321,14 +329,15 @@ def record_losses(state, pending, world):
     pending.clear()
 
 
-def record_validate_save(state, context, pending, done=False):
+def record_validate_save(state, context, pending, *, done=False):
     """Every log_every steps: read the losses; every eval_every steps (with validation
     data): validate; every checkpoint_every steps: save. The last step (`done`) does all
     three."""
     config = context.config
     record_losses(state, pending, context.world)
     if context.val and context.rank == 0 and (state.step % config.eval_every == 0 or done):
-        figures = validate(state.model, *context.val, context.tokenizer)
+        val_corpus, val_pairs = context.val
+        figures = validate(state.model, val_corpus, val_pairs, tokenizer=context.tokenizer)
         when = {"step": state.step, "seconds": round(state.seconds, 1)}
         state.validation.append({**when, "tokens_seen": state.tokens_seen, **figures})
         context.log(f"step {state.step}: validation {figures}")
@@ -364,7 +373,7 @@ def device_clock(device):
     return time.perf_counter()
 
 
-def train_epoch(state, context, model, bar, buckets=(1,), runner=None):
+def train_epoch(state, context, model, *, bar, buckets=(1,), runner=None):
     """The rest of the current epoch, or up to the run's end: max_steps, the step that
     plan_last_step fixed, or max_seconds.
     `model` is state.model, wrapped in DistributedDataParallel under several processes and
@@ -373,19 +382,34 @@ def train_epoch(state, context, model, bar, buckets=(1,), runner=None):
     train_step_amp (one process). Returns whether the run has ended."""
     config, pending, started = context.config, [], device_clock(context.device)
     every = [config.log_every, config.checkpoint_every] + [config.eval_every] * bool(context.val)
-    updates = epoch_updates(context.corpus, config, state.epoch, context.world)[state.position :]
+    updates = epoch_updates(context.corpus, config, state.epoch, world=context.world)[
+        state.position :
+    ]
     rows, cuts = epoch_rows(updates, context.rank, context.device)
     for group, cut in zip(updates, cuts):
         ntokens = sum(context.corpus.target_tokens(indices) for indices in group)  # host lengths
         if runner is None:
-            batch = bucketed_batch(context.corpus, group[context.rank], buckets, rows[cut])
+            batch = bucketed_batch(context.corpus, group[context.rank], buckets, rows=rows[cut])
             lr = state.optimizer.param_groups[0]["lr"]
-            optimizers = state.optimizer, state.scheduler, state.scaler
-            share = ntokens / context.world
-            losses = train_step_amp(model, batch, *optimizers, config.smoothing, share, context.amp)
+            losses = train_step_amp(
+                model,
+                batch,
+                state.optimizer,
+                scheduler=state.scheduler,
+                scaler=state.scaler,
+                smoothing=config.smoothing,
+                ntokens=ntokens / context.world,
+                amp=context.amp,
+            )
         else:  # the rate in the optimizer is a device tensor: the host computes its own copy
-            args = config.model.d_model, config.lr_factor, config.warmup_steps, state.last_step
-            lr = annealed_rate(state.step + 1, *args, config.anneal)
+            recipe = {"warmup": config.warmup_steps, "share": config.anneal}
+            lr = annealed_rate(
+                state.step + 1,
+                config.model.d_model,
+                config.lr_factor,
+                last_step=state.last_step,
+                **recipe,
+            )
             losses = runner(*bucketed_ids(context.corpus, group[0], rows=rows[cut]), ntokens)
         pending.append((losses, lr, ntokens))
         state.step, state.position = state.step + 1, state.position + 1
@@ -399,7 +423,7 @@ def train_epoch(state, context, model, bar, buckets=(1,), runner=None):
                 bar.total = state.last_step
             last = state.last_step or config.max_steps
             done = state.step >= last or out_of_time(state, context)
-            record_validate_save(state, context, pending, done)
+            record_validate_save(state, context, pending, done=done)
             bar.set_postfix(loss=f"{state.history[-1]['loss']:.3f}")
             started = device_clock(context.device)  # validation and saving are not training
         if done:
@@ -430,6 +454,7 @@ def train(
     config,
     train_pairs,
     out_dir,
+    *,
     tokenizer=None,
     val_pairs=None,
     device="cpu",
@@ -450,24 +475,48 @@ def train(
     out, measure = pathlib.Path(out_dir), amp == "fastest"
     with RunFolder(out, resume, owner=rank == 0), tf32_matmuls(device):
         precision, path = None if measure else PRECISIONS[amp], out / "checkpoint.pt"
-        payload = checkpoint_to_resume(path, config, precision, cuda_graphs) if resume else None
-        tokenizer = tokenizer_for_run(config, train_pairs, out, tokenizer, payload, rank, world)
+        payload = (
+            checkpoint_to_resume(path, config, precision, cuda_graphs=cuda_graphs)
+            if resume
+            else None
+        )
+        tokenizer = tokenizer_for_run(
+            config, train_pairs, out, tokenizer=tokenizer, payload=payload, rank=rank, world=world
+        )
         corpus = EncodedCorpus.from_pairs(train_pairs, tokenizer)
         if measure:
-            amp = resolve_fastest(config, corpus, tokenizer.get_vocab_size(), payload, log)
+            amp = resolve_fastest(
+                config, corpus, tokenizer.get_vocab_size(), payload=payload, log=log
+            )
         val = None
         if val_pairs:
             val_corpus = corpus_on(EncodedCorpus.from_pairs(val_pairs, tokenizer), device)
             val = val_corpus, val_pairs[: config.bleu_sentences]
         corpus = corpus_on(corpus, device)
-        where = out, tokenizer, corpus, val, device, amp, rank, world, log
         machine = f"{world} x " * (world > 1) + hardware_description(device)
-        context = RunContext(config, *where, cuda_graphs, buckets, f"{machine}, {PRECISIONS[amp]}")
+        context = RunContext(
+            config=config,
+            out=out,
+            tokenizer=tokenizer,
+            corpus=corpus,
+            val=val,
+            device=device,
+            amp=amp,
+            rank=rank,
+            world=world,
+            log=log,
+            cuda_graphs=cuda_graphs,
+            buckets=buckets,
+            hardware=f"{machine}, {PRECISIONS[amp]}",
+        )
         if rank == 0:
             log(f"on {context.hardware}; steps as CUDA graphs {cuda_graphs}, buckets {buckets}")
         state = resume_or_start(context, payload)  # before any capture: graphs keep addresses
-        step_parts = state.model, state.optimizer, state.scheduler, config.smoothing, amp
-        runner = GraphedTrainStep(*step_parts) if cuda_graphs else None
+        runner = None
+        if cuda_graphs:
+            runner = GraphedTrainStep(
+                state.model, state.optimizer, state.scheduler, smoothing=config.smoothing, amp=amp
+            )
         model = DistributedModel(state.model) if world > 1 else state.model
         compiled = config.compile != "off"
         if compiled:  # dynamic: one graph for every batch shape, not one compile per shape
@@ -479,7 +528,7 @@ def train(
         bar = tqdm(total=last, initial=state.step, unit="step", disable=not progress or rank)
         ended = state.step >= last
         while not ended:
-            ended = train_epoch(state, context, model, bar, buckets, runner)
+            ended = train_epoch(state, context, model, bar=bar, buckets=buckets, runner=runner)
         bar.close()
     return state.model, tokenizer, state.history
 
@@ -514,7 +563,7 @@ def check_run(out_dir, train_pairs):
         raise InputError("train_pairs is empty: pass (source, target) sentence pairs")
 
 
-def resolve_fastest(config, corpus, vocab, payload, log):
+def resolve_fastest(config, corpus, vocab, *, payload, log):
     """amp="fastest" on a CPU: the checkpoint's precision when resuming (a run keeps the
     precision it was measured to need), else race_precisions' answer; logged with the reason."""
     if payload:

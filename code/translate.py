@@ -127,14 +127,14 @@ def load_translator(path, device):
         ) from None
 
 
-def translate_and_score(model, tokenizer, sentences, references, *options):
+def translate_and_score(model, tokenizer, sentences, *, references, **options):
     """(the translations, their scores), `options` as at.translate takes them (beam_size,
     alpha, batch_size, decode): without references, at.translate's translations and None;
     with them, at.evaluate_bleu's hypotheses and figures, so that the sentences are
     translated once and scored as every other script scores them."""
     if references is None:
-        return at.translate(model, tokenizer, sentences, *options), None
-    scores = at.evaluate_bleu(model, tokenizer, list(zip(sentences, references)), *options)
+        return at.translate(model, tokenizer, sentences, **options), None
+    scores = at.evaluate_bleu(model, tokenizer, list(zip(sentences, references)), **options)
     return scores["hypotheses"], scores
 
 
@@ -167,14 +167,19 @@ def main(argv=None):
     ) as bar:
 
         def decode(model, src, src_mask, beam_size, alpha):  # fast decoding, counted on the bar
-            out = fd.fast_decode_batch(model, src, src_mask, beam_size, alpha)
+            out = fd.fast_decode_batch(model, src, src_mask, beam_size=beam_size, alpha=alpha)
             bar.update(src.size(0))
             return out
 
         try:
-            options = beam_size, alpha, args.batch_size, decode
+            options = {"beam_size": beam_size, "alpha": alpha, "decode": decode}
             translations, score = translate_and_score(
-                model, tokenizer, sentences, references, *options
+                model,
+                tokenizer,
+                sentences,
+                references=references,
+                batch_size=args.batch_size,
+                **options,
             )
         except at.InputError as error:  # a sentence too long: named as the user numbers it
             if getattr(error, "index", None) is None:

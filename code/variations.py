@@ -170,7 +170,7 @@ def group_of(label):
 
 
 def run_variant(
-    label, changes, base, train_pairs, val_pairs, scale, device="cpu", log=print, tokenizer=None
+    label, changes, base, *, train_pairs, val_pairs, scale, device="cpu", log=print, tokenizer=None
 ):
     """Train one Table 3 variant, the TrainConfig `base` with `changes` applied
     (profiles.apply_changes), from scratch (training.train, in a temporary folder, with
@@ -399,12 +399,12 @@ def main(argv=None):
                 label,
                 scale.rows[label],
                 replace(base, seed=seed),
-                train_pairs,
-                val_pairs,
-                scale,
-                args.device,
-                log,
-                tokenizer_for(config.vocab_size),
+                train_pairs=train_pairs,
+                val_pairs=val_pairs,
+                scale=scale,
+                device=args.device,
+                log=log,
+                tokenizer=tokenizer_for(config.vocab_size),
             )
             rows.append({k: str(v) for k, v in row.items()})
             helpers.write_csv(csv_path, rows, COLUMNS)

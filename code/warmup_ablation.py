@@ -42,13 +42,13 @@ def schedule(peak, warmup, decay_from):
     return lrate
 
 
-def run_arm(args, N, warmup, seed, log_every):
+def run_arm(args, N, warmup, *, seed, log_every):
     """Train one model (at.fit, with this schedule in place of Eq. (3)); returns its rows
     (the loss averaged over every log_every steps, the held-out accuracy at the end)."""
     generator = torch.Generator().manual_seed(1000 + seed)
     vocab = 4 + args.symbols
-    corpus = at.EncodedCorpus(at.copy_task_pairs(2000, vocab, args.length, generator))
-    held_out = at.Batch.from_ids(at.copy_task_pairs(200, vocab, args.length, generator))
+    corpus = at.EncodedCorpus(at.copy_task_pairs(2000, vocab, args.length, generator=generator))
+    held_out = at.Batch.from_ids(at.copy_task_pairs(200, vocab, args.length, generator=generator))
     architecture = at.ModelConfig(
         N=N, d_model=args.d_model, d_ff=2 * args.d_model, h=4, dropout=0.0,
         share_embeddings=True,
@@ -58,7 +58,9 @@ def run_arm(args, N, warmup, seed, log_every):
         warmup_steps=max(warmup, 1),  # unused: the schedule below replaces Eq. (3)
         smoothing=0.0, seed=seed, max_steps=args.steps,
     )  # fmt: skip
-    model, losses = at.fit(config, corpus, vocab, schedule(args.peak_lr, warmup, args.decay_from))
+    model, losses = at.fit(
+        config, corpus, vocab, schedule=schedule(args.peak_lr, warmup, args.decay_from)
+    )
     rows = []
     for end in range(log_every, args.steps + log_every, log_every):
         step = min(end, args.steps)
@@ -67,7 +69,7 @@ def run_arm(args, N, warmup, seed, log_every):
         rows.append({"N": N, "warmup": warmup, "seed": seed, "step": step, "loss": loss})
     model.eval()
     with torch.no_grad():
-        output = at.greedy_decode(model, held_out.src, held_out.src_mask, args.length + 1)
+        output = at.greedy_decode(model, held_out.src, held_out.src_mask, max_len=args.length + 1)
     rows[-1]["accuracy"] = (output[:, 1:] == held_out.tgt_y).float().mean().item()
     return rows
 
@@ -110,7 +112,7 @@ def main(argv=None):
     for N, warmup in args.arms:
         for seed in args.seeds:
             start = time.perf_counter()
-            arm = run_arm(args, N, warmup, seed, args.log_every)
+            arm = run_arm(args, N, warmup, seed=seed, log_every=args.log_every)
             rows += [{**row, **extra} for row in arm]
             print(
                 f"N {N} warmup {warmup} seed {seed}: final loss {arm[-1]['loss']:.3f}, copied "

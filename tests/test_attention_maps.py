@@ -207,14 +207,16 @@ def test_attention_grid_draws_every_layer_and_head():
     import plots
 
     weights = torch.rand(2, 3, 4, 5).softmax(-1)
-    fig = plots.attention_grid(weights, list("abcd"), list("vwxyz"), "grid")
+    fig = plots.attention_grid(weights, list("abcd"), list("vwxyz"), title="grid")
     titles = [ax.get_title() for ax in fig.axes]
     assert titles == [f"layer {n}, head {h}" for n in (1, 2) for h in (1, 2, 3)]
     with pytest.raises(ValueError, match="3 query and 5 key tokens"):
-        plots.attention_grid(weights, list("abc"), list("vwxyz"), "grid")
+        plots.attention_grid(weights, list("abc"), list("vwxyz"), title="grid")
     # a long sentence: the heads wrap into rows, so the figure keeps to the page's 7 inches
     tokens = [f"t{i}" for i in range(14)]
-    fig = plots.attention_grid(torch.rand(2, 4, 14, 14).softmax(-1), tokens, tokens, "wrapped")
+    fig = plots.attention_grid(
+        torch.rand(2, 4, 14, 14).softmax(-1), tokens, tokens, title="wrapped"
+    )
     assert fig.get_size_inches()[0] <= 7.0
     titles = [ax.get_title() for ax in fig.axes if ax.axison]
     assert titles == [f"layer {n}, head {h}" for n in (1, 2) for h in (1, 2, 3, 4)]
@@ -222,12 +224,14 @@ def test_attention_grid_draws_every_layer_and_head():
     # too long for two panels of the default size gets two panels a row, not a single column
     tokens = [f"t{i}" for i in range(30)]
     last = torch.rand(1, 4, 30, 30).softmax(-1)
-    fig = plots.attention_grid(last, tokens, tokens, "last layer", first_layer=3)
+    fig = plots.attention_grid(last, tokens, tokens, title="last layer", first_layer=3)
     titles = [ax.get_title() for ax in fig.axes if ax.axison]
     assert titles == [f"layer 3, head {h}" for h in (1, 2, 3, 4)]
     assert len(fig.axes) == 4 and fig.axes[1].get_position().x0 > fig.axes[0].get_position().x1
     # one layer's heads (h, seq_q, seq_k), as chapter 3.2.2 draws them: panels named by head
-    fig = plots.attention_grid(torch.rand(3, 4, 5).softmax(-1), list("abcd"), list("vwxyz"), "")
+    fig = plots.attention_grid(
+        torch.rand(3, 4, 5).softmax(-1), list("abcd"), list("vwxyz"), title=""
+    )
     assert [ax.get_title() for ax in fig.axes if ax.axison] == ["head 1", "head 2", "head 3"]
 
 
@@ -236,12 +240,12 @@ def test_attention_lines_draw_one_line_per_weight_above_threshold():
 
     weights = torch.zeros(2, 4, 4)
     weights[0, 1, 3], weights[1, 1, 0], weights[1, 2, 2], weights[0, 1, 2] = 0.9, 0.6, 0.9, 0.01
-    one_row = plots.attention_lines(weights, list("abcd"), 1, "row of b").axes[0]
+    one_row = plots.attention_lines(weights, list("abcd"), 1, title="row of b").axes[0]
     assert sorted((tuple(l.get_xdata()), l.get_alpha()) for l in one_row.lines) == [
         ((1, 0), pytest.approx(0.6)),
         ((1, 3), pytest.approx(0.9)),
     ]
-    one_head = plots.attention_lines(weights, list("abcd"), None, "head 2", heads=[1]).axes[0]
+    one_head = plots.attention_lines(weights, list("abcd"), None, title="head 2", heads=[1]).axes[0]
     assert sorted(tuple(l.get_xdata()) for l in one_head.lines) == [(1, 0), (2, 2)]
 
 
@@ -452,7 +456,9 @@ def test_head_table_figure_lays_out_heads_by_layer_and_marks_the_reference():
     ]
     assert panels[1].images[0].get_array().shape == (2, 2)
     assert [t.get_text() for t in panels[1].texts] == ["0.25", "0.34", "0.41", "0.25"]  # row means
-    fig = plots.head_table_figure(table, ["self"], "heads", {"self": 0.5}, "baseline")
+    fig = plots.head_table_figure(
+        table, ["self"], "heads", reference={"self": 0.5}, reference_label="baseline"
+    )
     assert fig.axes[0].get_title() == "self (baseline: 0.50, dashed)"
     with pytest.raises(ValueError, match="not every layer.head in order"):
         plots.head_table_figure(table.iloc[[1, 0, 2, 3, 4]], ["self"], "heads")

@@ -74,11 +74,11 @@ def test_flop_formula_equals_the_flop_counter_on_the_reference_path(options, sha
     torch.manual_seed(0)
     model = at.build_model(50, 50, config)
     inputs = tiny_inputs(batch, src_len, tgt_len)
-    expected = benchmark.forward_flops(config, 50, batch, src_len, tgt_len)
+    expected = benchmark.forward_flops(config, 50, batch, src_len=src_len, tgt_len=tgt_len)
     assert counted_flops(model, inputs, backward=False) == expected["total"]
     # training = forward + a backward of two products per forward product = 3x forward
     assert counted_flops(model, inputs, backward=True) == benchmark.training_flops(
-        config, 50, batch, src_len, tgt_len
+        config, 50, batch, src_len=src_len, tgt_len=tgt_len
     )
 
 
@@ -88,14 +88,14 @@ def test_flop_formula_on_the_fused_path():
     config = replace(TINY.model, fused=True)
     torch.manual_seed(0)
     model = at.build_model(50, 50, config)
-    parts = benchmark.forward_flops(config, 50, 3, 7, 5)
+    parts = benchmark.forward_flops(config, 50, 3, src_len=7, tgt_len=5)
     counted = counted_flops(model, tiny_inputs(), backward=False)
     assert counted in (parts["total"], parts["total"] - parts["attention"])
 
 
 def test_flop_formula_parts_for_the_base_model():
     # the familiar rule of thumb: a forward pass costs about 2 FLOPs per weight and token
-    parts = benchmark.forward_flops(at.BASE, 8000, 32, 30, 30)
+    parts = benchmark.forward_flops(at.BASE, 8000, 32, src_len=30, tgt_len=30)
     assert parts["total"] == sum(v for k, v in parts.items() if k != "total")
     assert parts["feed_forward"] == 6 * 2 * 2 * (32 * 30) * 512 * 2048 * 2
     per_token = parts["total"] / (32 * 30)
@@ -213,7 +213,9 @@ def test_bf16_rows_train_on_a_cpu():
     for row in rows:
         row.work()
         assert row.tokens == TINY.batch * TINY.seq
-        assert row.flops == benchmark.training_flops(TINY.model, TINY.vocab, 4, 6, 6)
+        assert row.flops == benchmark.training_flops(
+            TINY.model, TINY.vocab, 4, src_len=6, tgt_len=6
+        )
 
 
 def test_the_graphed_row_trains_the_model_it_is_given_on_the_benchmark_batch():
@@ -224,12 +226,12 @@ def test_the_graphed_row_trains_the_model_it_is_given_on_the_benchmark_batch():
     row = benchmark.graphed_row(TINY, model, torch.device("cpu"), eager_steps=1)
     assert row.key == "train/ours-graphed" and row.updates == 1
     assert row.tokens == TINY.batch * TINY.seq
-    assert row.flops == benchmark.training_flops(TINY.model, TINY.vocab, 4, 6, 6)
+    assert row.flops == benchmark.training_flops(TINY.model, TINY.vocab, 4, src_len=6, tgt_len=6)
     after_warmup = [p.detach().clone() for p in model.parameters()]
     assert any(not torch.equal(a, b) for a, b in zip(start, after_warmup))  # 2 steps made
     row.work()
     assert any(not torch.equal(a, p) for a, p in zip(after_warmup, model.parameters()))
-    assert benchmark.graphed_row(TINY, model, torch.device("cpu"), torch.bfloat16).key == (
+    assert benchmark.graphed_row(TINY, model, torch.device("cpu"), amp=torch.bfloat16).key == (
         "train/ours-graphed-bf16"
     )
     compiled = torch.compile(model, backend="aot_eager")  # the wrapper names the row
@@ -261,12 +263,12 @@ def test_real_token_flops_count_each_pair_at_its_own_lengths():
     for i, (src_len, tgt_len) in enumerate(lengths):
         inputs = tiny_inputs(1, src_len, tgt_len - 1, seed=i)  # the decoder reads tgt_len - 1
         counted += counted_flops(model, inputs, backward=True)
-    assert benchmark.real_token_flops(config, 50, lengths, [0, 1, 2]) == counted
+    assert benchmark.real_token_flops(config, 50, lengths, indices=[0, 1, 2]) == counted
     # pairs of equal lengths: the formula of a batch without padding
     same = [(6, 5)] * 3
-    assert benchmark.real_token_flops(config, 50, same, [0, 1, 2]) == benchmark.training_flops(
-        config, 50, 3, 6, 4
-    )
+    assert benchmark.real_token_flops(
+        config, 50, same, indices=[0, 1, 2]
+    ) == benchmark.training_flops(config, 50, 3, src_len=6, tgt_len=4)
 
 
 def test_side_by_side_pairs_rows_of_the_same_precision_only():
@@ -334,7 +336,9 @@ def test_the_training_sized_row_trains_on_real_multi30k_batches(multi30k, monkey
     for row in rows:
         assert row.tokens == sum(targets) and row.updates == 4
         per_pair = [
-            benchmark.training_flops(profile.model, 5000, 1, lengths[i][0], lengths[i][1] - 1)
+            benchmark.training_flops(
+                profile.model, 5000, 1, src_len=lengths[i][0], tgt_len=lengths[i][1] - 1
+            )
             for batch in data.chosen
             for i in batch
         ]
@@ -502,7 +506,9 @@ def test_quick_run_writes_json_with_every_row_and_ratio(tmp_path, capsys):
         assert row["tokens_per_s"] == pytest.approx(row["tokens"] / row["median_s"])
         assert row["mfu"] is None and row["peak_memory_bytes"] is None  # a CPU: neither
     assert run["rows"]["train/torch"]["flops"] == run["flops"]["training_step"]
-    assert run["flops"]["forward"] == benchmark.forward_flops(TINY.model, 64, 4, 6, 6)
+    assert run["flops"]["forward"] == benchmark.forward_flops(
+        TINY.model, 64, 4, src_len=6, tgt_len=6
+    )
     assert run["rows"]["decode/beam-cache"]["tokens"] == 4 * 6
     labels = [label for a, b, label in benchmark.RATIOS if {a, b} <= set(run["rows"])]
     assert list(run["ratios"]) == labels and len(labels) >= 6
@@ -537,7 +543,7 @@ def test_a_recipes_step_flops_count_its_mean_batch_at_the_mean_lengths():
     # max_tokens 40 holds 40 // 6 = 6 of them (padding-free: every sentence is as long)
     corpus = at.EncodedCorpus([([5, 6, 7, at.EOS_ID], [at.BOS_ID, 5, 6, 7, 8, at.EOS_ID])] * 30)
     config = at.TrainConfig(model=at.ModelConfig(N=1, d_model=8, d_ff=16, h=2), max_tokens=40)
-    expected = benchmark.training_flops(config.model, config.vocab_size, 6, 4, 5)
+    expected = benchmark.training_flops(config.model, config.vocab_size, 6, src_len=4, tgt_len=5)
     assert benchmark.recipe_step_flops(config, corpus) == pytest.approx(expected)
 
 

@@ -114,7 +114,7 @@ def test_the_capturable_step_and_the_cut_do_no_host_work():
     rows = torch.zeros(len(indices), dtype=torch.long, device="meta")
     with torch.device("meta"):
         model = make_model(VOCAB, VOCAB, N=1, d_model=16, d_ff=32, h=2)
-    optimizer, schedule = make_capturable_optimizer(model, 16, 1.0, 10, weight_decay=0.1)
+    optimizer, schedule = make_capturable_optimizer(model, 16, 1.0, warmup=10, weight_decay=0.1)
     assert optimizer.param_groups[0]["fused"] and schedule.lr.device.type == "meta"
     step = capturable_step(model, optimizer, schedule, smoothing=0.1)
     with fused_adamw_on_meta():
@@ -130,7 +130,7 @@ def test_the_capturable_step_and_the_cut_do_no_host_work():
 
 
 def test_the_device_learning_rate_is_eq_3():
-    optimizer, schedule = make_capturable_optimizer(torch.nn.Linear(3, 3), 512, 1.0, 4000)
+    optimizer, schedule = make_capturable_optimizer(torch.nn.Linear(3, 3), 512, 1.0, warmup=4000)
     assert all(group["lr"] is schedule.lr for group in optimizer.param_groups)
     assert schedule.lr.dtype == torch.float32
     # by hand: at step 4000 = warmup both terms are 4000^-0.5, times 512^-0.5
@@ -139,35 +139,40 @@ def test_the_device_learning_rate_is_eq_3():
     schedule.load_state_dict({"steps": 0})
     for update in range(1, 12001):
         if update in (1, 2, 3, 1000, 3999, 4000, 4001, 12000):
-            assert schedule.lr.item() == pytest.approx(rate(update, 512, 1.0, 4000), rel=1e-6)
+            assert schedule.lr.item() == pytest.approx(
+                rate(update, 512, 1.0, warmup=4000), rel=1e-6
+            )
         schedule.step()
     assert schedule.state_dict() == {"steps": 12000, "last_step": 0}
     # the optimizer reads it: Adam's first update moves each weight by the rate (g / |g|)
     layer = torch.nn.Linear(3, 3, bias=False)
-    optimizer, schedule = make_capturable_optimizer(layer, 64, 2.0, 10)
+    optimizer, schedule = make_capturable_optimizer(layer, 64, 2.0, warmup=10)
     before = layer.weight.detach().clone()
     layer.weight.grad = torch.full_like(before, 0.5)
     optimizer.step()
     moved = before - layer.weight.detach()
-    assert torch.allclose(moved, torch.full_like(before, rate(1, 64, 2.0, 10)), rtol=1e-5)
+    assert torch.allclose(moved, torch.full_like(before, rate(1, 64, 2.0, warmup=10)), rtol=1e-5)
 
 
 def test_the_runner_on_a_cpu_trains_as_train_step_does():
     generator = torch.Generator().manual_seed(0)
-    pairs = [pair for n in range(5, 10) for pair in copy_task_pairs(40, 12, n, generator)]
+    pairs = [pair for n in range(5, 10) for pair in copy_task_pairs(40, 12, n, generator=generator)]
     corpus = EncodedCorpus(pairs)
     torch.manual_seed(0)
     graphed = make_model(12, 12, N=1, d_model=32, d_ff=64, h=4, dropout=0.0)
     plain = copy.deepcopy(graphed)
-    runner = GraphedTrainStep(graphed, *make_capturable_optimizer(graphed, 32, 1.0, 100), 0.0)
+    optimizer, schedule = make_capturable_optimizer(graphed, 32, 1.0, warmup=100)
+    runner = GraphedTrainStep(graphed, optimizer, schedule, smoothing=0.0)
     assert not runner.graphed
-    optimizer, scheduler = make_optimizer(plain, 32, 1.0, 100)
+    optimizer, scheduler = make_optimizer(plain, 32, 1.0, warmup=100)
     plan = [b for epoch in range(2) for b in batch_by_tokens(corpus.lengths, 120, seed=epoch)]
     losses, gradients = [], None
     for indices in plan[:25]:
         ntokens = corpus.target_tokens(indices)
         sums = runner(*bucketed_ids(corpus, indices), ntokens)
-        expected = train_step(plain, corpus.batch(indices), optimizer, scheduler, 0.0)
+        expected = train_step(
+            plain, corpus.batch(indices), optimizer, scheduler=scheduler, smoothing=0.0
+        )
         assert torch.allclose(sums, expected, rtol=1e-4)
         losses.append(sums[0].item() / ntokens)
         # the gradient buffers stay where they are, zeroed, as a replay needs them
@@ -183,9 +188,9 @@ def test_the_runner_refuses_what_a_graph_cannot_do():
     model = make_model(12, 12, N=1, d_model=16, d_ff=32, h=2)
     optimizer, schedule = make_capturable_optimizer(model, 16)
     with pytest.raises(ValueError, match="float16"):
-        GraphedTrainStep(model, optimizer, schedule, 0.1, amp=torch.float16)
+        GraphedTrainStep(model, optimizer, schedule, smoothing=0.1, amp=torch.float16)
     with pytest.raises(ValueError, match="eager_steps"):
-        GraphedTrainStep(model, optimizer, schedule, 0.1, eager_steps=0)
+        GraphedTrainStep(model, optimizer, schedule, smoothing=0.1, eager_steps=0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="capture and replay need a GPU")
@@ -193,21 +198,26 @@ def test_graphs_replay_the_steps_train_step_makes():
     """Two shapes, each seen six times: three eager steps, a capture, then replays; the
     weights follow train_step's on the same batches (dropout off)."""
     generator = torch.Generator().manual_seed(0)
-    pairs = [pair for n in (5, 9) for pair in copy_task_pairs(16, 12, n, generator)]
+    pairs = [pair for n in (5, 9) for pair in copy_task_pairs(16, 12, n, generator=generator)]
     corpus = EncodedCorpus(pairs)
     tables = copy.copy(corpus)
     tables.src, tables.tgt = corpus.src.cuda(), corpus.tgt.cuda()
     torch.manual_seed(0)
     graphed = make_model(12, 12, N=1, d_model=32, d_ff=64, h=4, dropout=0.0).cuda()
     plain = copy.deepcopy(graphed)
-    runner = GraphedTrainStep(graphed, *make_capturable_optimizer(graphed, 32, 1.0, 100), 0.0)
-    optimizer, scheduler = make_optimizer(plain, 32, 1.0, 100)
+    optimizer, schedule = make_capturable_optimizer(graphed, 32, 1.0, warmup=100)
+    runner = GraphedTrainStep(graphed, optimizer, schedule, smoothing=0.0)
+    optimizer, scheduler = make_optimizer(plain, 32, 1.0, warmup=100)
     short, long = list(range(0, 12)), list(range(16, 26))
     for indices in [short, long] * 6:
         ntokens = corpus.target_tokens(indices)
         sums = runner(*bucketed_ids(tables, indices), ntokens)
         expected = train_step(
-            plain, training.corpus_on(corpus, "cuda").batch(indices), optimizer, scheduler, 0.0
+            plain,
+            training.corpus_on(corpus, "cuda").batch(indices),
+            optimizer,
+            scheduler=scheduler,
+            smoothing=0.0,
         )
         assert torch.allclose(sums, expected, rtol=1e-3)
     assert len(runner.shapes) == 2

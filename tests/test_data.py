@@ -27,7 +27,9 @@ UNREACHABLE = "http://127.0.0.1:9/"  # the discard port: connection refused, lik
 def load_multi30k(split, src_lang="de", tgt_lang="en", data_dir=None, base_url=None):
     """A split's pairs from the verified folder, as chapter 5 reads them."""
     url = {} if base_url is None else {"base_url": base_url}
-    return at.read_multi30k(safe_files.multi30k_folder(data_dir, **url), split, src_lang, tgt_lang)
+    return at.read_multi30k(
+        safe_files.multi30k_folder(data_dir, **url), split, src_lang, tgt_lang=tgt_lang
+    )
 
 
 @pytest.fixture
@@ -63,7 +65,7 @@ def test_read_multi30k_pairs_the_two_files_of_a_split_line_by_line(tmp_path):
         ("Ein Hund läuft.", "A dog runs."),
         ("Zwei Männer, ein Boot", "Two men, one boat"),
     ]
-    assert at.read_multi30k(str(tmp_path), "val", "en", "de")[1] == (
+    assert at.read_multi30k(str(tmp_path), "val", "en", tgt_lang="de")[1] == (
         "Two men, one boat",
         "Zwei Männer, ein Boot",
     )
@@ -80,7 +82,7 @@ def test_read_multi30k_names_what_is_wrong(tmp_path):
     with pytest.raises(at.InputError, match=r"'de' and 'en', in either order, got src_lang='fr'"):
         at.read_multi30k(tmp_path, "val", src_lang="fr")
     with pytest.raises(at.InputError, match="src_lang='de', tgt_lang='de'"):
-        at.read_multi30k(tmp_path, "val", "de", "de")
+        at.read_multi30k(tmp_path, "val", "de", tgt_lang="de")
 
 
 def test_read_multi30k_refuses_files_that_are_not_aligned(tmp_path):

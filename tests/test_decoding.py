@@ -46,7 +46,9 @@ def test_each_cached_step_equals_the_full_decoder(options):
         cache = fd.KeyValueCache(model, memory, src_mask)
         for t in range(tgt.size(1)):
             step = cache.next_log_probs(tgt[:, : t + 1])
-            full = model.decode(memory, src_mask, tgt[:, : t + 1], at.subsequent_mask(t + 1))
+            full = model.decode(
+                memory, src_mask, tgt[:, : t + 1], tgt_mask=at.subsequent_mask(t + 1)
+            )
             torch.testing.assert_close(step, model.generator(full[:, -1]), atol=1e-5, rtol=1e-5)
     assert cache.length == tgt.size(1)
     assert all(kept.keys.size(2) == tgt.size(1) for kept in cache.self_attn)
@@ -78,8 +80,8 @@ def test_grouped_queries_read_one_copy_of_the_memory(masked):
     with torch.no_grad():
         key = attention.split_heads(attention.w_k(memory), attention.d_k)
         value = attention.split_heads(attention.w_v(memory), attention.d_v)
-        grouped = fd.grouped_attention(attention, x, key, value, mask)
-        copied = attention(x, repeat(memory), repeat(memory), repeat(mask))
+        grouped = fd.grouped_attention(attention, x, key, value=value, mask=mask)
+        copied = attention(x, repeat(memory), repeat(memory), mask=repeat(mask))
     torch.testing.assert_close(grouped, copied, atol=1e-5, rtol=0)
 
 
@@ -244,7 +246,7 @@ def sequence_score(model, src, src_mask, tokens, alpha):
     ys = torch.tensor([[at.BOS_ID, *tokens]])
     with torch.no_grad():
         memory = model.encode(src, src_mask)
-        out = model.decode(memory, src_mask, ys[:, :-1], at.subsequent_mask(len(tokens)))
+        out = model.decode(memory, src_mask, ys[:, :-1], tgt_mask=at.subsequent_mask(len(tokens)))
         log_probs = model.generator(out)[0].gather(-1, ys[0, 1:].unsqueeze(-1)).sum()
     return log_probs.item() / at.length_penalty(len(tokens), alpha)
 
@@ -288,8 +290,8 @@ def copy_model():
     try:
         run = training.RunState.new(config, 12)
         for _ in range(60):
-            batch = at.Batch.from_ids(at.copy_task_pairs(32, 12, 6, generator))
-            at.train_step(run.model, batch, run.optimizer, run.scheduler, 0.0)
+            batch = at.Batch.from_ids(at.copy_task_pairs(32, 12, 6, generator=generator))
+            at.train_step(run.model, batch, run.optimizer, scheduler=run.scheduler, smoothing=0.0)
     finally:
         torch.set_num_threads(threads)
     return run.model.eval()
@@ -482,10 +484,12 @@ def test_translate_round_trips_a_batch_with_an_empty_string(tiny_run):
     model, tokenizer = at.load_checkpoint(folder / "checkpoint.pt")
     sentence = "a man runs on the red street"
     for beam_size in (1, 4):
-        outputs = at.translate(model, tokenizer, [sentence, "", sentence, "   "], beam_size)
+        outputs = at.translate(
+            model, tokenizer, [sentence, "", sentence, "   "], beam_size=beam_size
+        )
         assert len(outputs) == 4 and all(isinstance(o, str) for o in outputs)
         assert outputs[1] == outputs[3] == "" and outputs[0] == outputs[2]
-        assert outputs[0] == at.translate(model, tokenizer, [sentence], beam_size)[0]
+        assert outputs[0] == at.translate(model, tokenizer, [sentence], beam_size=beam_size)[0]
     for special in at.SPECIAL_TOKENS:
         assert special not in outputs[0]
     assert at.translate(model, tokenizer, []) == []
@@ -589,8 +593,10 @@ def test_the_one_sentence_beam_search_gives_the_batched_searchs_tokens(beam_size
         assert (batched[i, one.numel() :] == at.PAD_ID).all()
         lengths.append(one.numel() - 1)
     assert min(lengths) < 15 == max(lengths) or beam_size == 1
-    decoded = at.decode_batch(model, src, src_mask, beam_size, alpha)
-    assert torch.equal(decoded, fd.fast_decode_batch(model, src, src_mask, beam_size, alpha))
+    decoded = at.decode_batch(model, src, src_mask, beam_size=beam_size, alpha=alpha)
+    assert torch.equal(
+        decoded, fd.fast_decode_batch(model, src, src_mask, beam_size=beam_size, alpha=alpha)
+    )
 
 
 def test_the_papers_greedy_decode_gives_the_fast_paths_tokens():

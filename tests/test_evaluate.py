@@ -146,19 +146,19 @@ def test_evaluate_decodes_test_only_at_the_alpha_that_val_chose(
     calls, real = [], at.evaluate_bleu
     made_up = {0.6: 30.0, 0.9: 31.5, 1.2: 31.0}
 
-    def recorded(model, tokenizer, pairs, beam_size=4, alpha=0.6, batch_size=64, decode=None):
+    def recorded(model, tokenizer, pairs, *, beam_size, alpha, **options):
         split = "val" if pairs == val_pairs else "test2016"
         calls.append((split, beam_size, alpha))
-        scores = real(model, tokenizer, pairs, beam_size, alpha, batch_size, decode)
+        scores = real(model, tokenizer, pairs, beam_size=beam_size, alpha=alpha, **options)
         return {
             **scores,
             "bleu": made_up[alpha] + (5 if split == "test2016" and alpha == 1.2 else 0),
             "length_ratio": alpha / 2,
         }
 
-    def decoded(model, src, src_mask, beam_size, alpha):  # every batch any row decodes
+    def decoded(model, src, src_mask, *, beam_size, alpha):  # every batch any row decodes
         alphas.append((model.training, beam_size, alpha))
-        return real_decode(model, src, src_mask, beam_size, alpha)
+        return real_decode(model, src, src_mask, beam_size=beam_size, alpha=alpha)
 
     val_pairs, alphas, real_decode = helpers.load_multi30k("val"), [], fd.fast_decode_batch
     monkeypatch.setattr(at, "evaluate_bleu", recorded)
@@ -184,7 +184,7 @@ def test_evaluate_decodes_test_only_at_the_alpha_that_val_chose(
     sources = [source for source, _ in helpers.load_multi30k("test2016")]
     # test2016 once more at §6.1's 0.6 with the averaged weights, stored but not a row (the
     # table's decodings are checked above), as the paper's own decoder gives it
-    assert paper == at.translate(model, tokenizer, sources, 4, 0.6)
+    assert paper == at.translate(model, tokenizer, sources, beam_size=4, alpha=0.6)
     assert {alpha for _, beam, alpha in alphas if beam == 4} == {0.6, 1.2, 0.9}
     # the averaged weights record val's choice, which translate.py decodes with by default
     assert at.read_checkpoint(tmp_path / "averaged.pt")["alpha"] == 0.9
@@ -203,8 +203,8 @@ def test_stored_scores_an_average_whose_run_is_gone_and_keeps_its_record(
     real = at.evaluate_bleu
     made_up = {0.6: 20.0, 1.0: 22.0, 1.4: 21.0}  # val prefers 1.0
 
-    def scored(model, tokenizer, pairs, beam_size=4, alpha=0.6, batch_size=64, decode=None):
-        scores = real(model, tokenizer, pairs, beam_size, alpha, batch_size, decode)
+    def scored(model, tokenizer, pairs, *, beam_size, alpha, **options):
+        scores = real(model, tokenizer, pairs, beam_size=beam_size, alpha=alpha, **options)
         return {**scores, "bleu": made_up[alpha]} if beam_size == 4 else scores
 
     monkeypatch.setattr(at, "evaluate_bleu", scored)
@@ -239,7 +239,7 @@ def test_evaluate_refuses_flags_that_do_not_go_together(flags, message, capsys):
 def test_evaluate_keeps_the_first_of_equal_alphas(tiny_run, tmp_path, short_outputs, monkeypatch):
     real = at.evaluate_bleu
     monkeypatch.setattr(
-        at, "evaluate_bleu", lambda *args: {**real(*args), "bleu": 20.0}
+        at, "evaluate_bleu", lambda *args, **options: {**real(*args, **options), "bleu": 20.0}
     )  # every alpha ties
     evaluate.evaluate(tiny_run, tmp_path, run_folder.snapshot_paths(tiny_run), alphas=(1.0, 0.6))
     assert json.loads((tmp_path / "evaluation.json").read_text())["alpha"] == 1.0

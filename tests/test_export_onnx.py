@@ -99,11 +99,15 @@ def test_graphs_give_the_models_log_probabilities_and_attention(models, val):
     src, src_mask = val
     tgt = torch.randint(4, 1000, (src.size(0), 9), generator=torch.Generator().manual_seed(0))
     tgt[:, 0] = at.BOS_ID
-    decoded = onnx_model.decode(onnx_model.encode(src, src_mask), src_mask, tgt, None)[:, 0]
+    decoded = onnx_model.decode(onnx_model.encode(src, src_mask), src_mask, tgt, tgt_mask=None)[
+        :, 0
+    ]
     # against the model with the graphs' float16-rounded weights: the same arithmetic
     rounded = half_rounded(model)
     with torch.no_grad(), at.use_fused_attention(rounded, False):
-        states = rounded.decode(rounded.encode(src, src_mask), src_mask, tgt, at.subsequent_mask(9))
+        states = rounded.decode(
+            rounded.encode(src, src_mask), src_mask, tgt, tgt_mask=at.subsequent_mask(9)
+        )
         expected = rounded.generator(states[:, -1])
     weights = rounded.decoder.layers[-1].src_attn.weights  # (batch, h, tgt, src)
     assert (decoded - expected).abs().max() < 1e-4
@@ -117,7 +121,9 @@ def test_graphs_give_the_models_log_probabilities_and_attention(models, val):
     assert np.allclose(onnx_model.attention.sum(-1), 1, atol=1e-5)  # each row a distribution
     # against the float32 model: float16 storage moves a log-probability by little
     with torch.no_grad():
-        states = model.decode(model.encode(src, src_mask), src_mask, tgt, at.subsequent_mask(9))
+        states = model.decode(
+            model.encode(src, src_mask), src_mask, tgt, tgt_mask=at.subsequent_mask(9)
+        )
         full = model.generator(states[:, -1])
     assert (decoded - full).abs().max() < 0.05
     assert (decoded.argmax(-1) == full.argmax(-1)).float().mean() >= 0.95

@@ -57,7 +57,7 @@ def test_fused_kernel_agrees_with_reference_attention(masking):
         "padding": torch.tensor([1, 1, 1, 1, 0, 0]).bool().view(1, 1, 1, 6),
         "causal": at.subsequent_mask(6).unsqueeze(1),
     }[masking]
-    reference, weights = at.attention(query, key, value, mask)
+    reference, weights = at.attention(query, key, value, mask=mask)
     fused = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
     torch.testing.assert_close(fused, reference, atol=1e-5, rtol=0)
     assert torch.allclose(weights.sum(-1), torch.ones(2, 4, 6))
@@ -330,7 +330,7 @@ def test_a_query_that_sees_nothing_outputs_zeros_on_both_paths(fused, monkeypatc
     mask = torch.ones(2, 3, 3, dtype=torch.bool)
     mask[1, 2] = False  # query 2 of sentence 1 may attend to nothing
     with torch.no_grad():
-        out = attention(x, x, x, mask)
+        out = attention(x, x, x, mask=mask)
     assert torch.equal(out[1, 2], torch.zeros(32))  # W^O has no bias: zeros stay zeros
     assert (out[0].abs().sum(-1) > 0).all() and (out[1, :2].abs().sum(-1) > 0).all()
 
@@ -350,7 +350,7 @@ def test_empty_source_gives_finite_outputs(fused):
 def test_fully_masked_row_gives_zero_weights_not_nan():
     scores_mask = torch.tensor([[True, True], [False, False]]).unsqueeze(0)
     output, weights = at.attention(
-        torch.randn(1, 2, 4), torch.randn(1, 2, 4), torch.randn(1, 2, 4), scores_mask
+        torch.randn(1, 2, 4), torch.randn(1, 2, 4), torch.randn(1, 2, 4), mask=scores_mask
     )
     assert torch.equal(weights[0, 1], torch.zeros(2)) and torch.equal(output[0, 1], torch.zeros(4))
 
@@ -358,7 +358,7 @@ def test_fully_masked_row_gives_zero_weights_not_nan():
 def test_half_precision_masking_neither_overflows_nor_gives_nan():
     query, key, value = (torch.randn(1, 2, 5, 8, dtype=torch.float16) * 30 for _ in range(3))
     mask = at.subsequent_mask(5).unsqueeze(1)
-    output, weights = at.attention(query, key, value, mask)
+    output, weights = at.attention(query, key, value, mask=mask)
     assert torch.isfinite(output).all() and torch.isfinite(weights).all()
     assert (weights.float().sum(-1) - 1).abs().max() < 1e-2
 

@@ -1,5 +1,5 @@
 """Every stored result of a run or a measurement names the machine that made it, as
-training_runs.hardware_description does: a GPU, or a CPU with the instruction sets that
+hardware.hardware_description does: a GPU, or a CPU with the instruction sets that
 decide its speed here (AVX2, AVX-512, AVX-512 BF16, AMX) or the plain statement that they
 were not recorded, and the torch version (and, on a CPU, the threads)."""
 

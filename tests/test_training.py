@@ -128,7 +128,9 @@ def test_warmup_ablation_ends_a_users_error_with_one_line_and_exit_2(tmp_path, c
 
 
 def test_fit_follows_the_schedule_it_is_given_in_place_of_equation_3():
-    corpus = at.EncodedCorpus(at.copy_task_pairs(50, 12, 5, torch.Generator().manual_seed(0)))
+    corpus = at.EncodedCorpus(
+        at.copy_task_pairs(50, 12, 5, generator=torch.Generator().manual_seed(0))
+    )
     config = at.TrainConfig(model=at.ModelConfig(N=1, d_model=16, d_ff=32, h=2), max_steps=3)
     torch.manual_seed(config.seed)
     initial = at.build_model(12, 12, config.model).state_dict()
@@ -361,16 +363,18 @@ def test_out_of_time_asks_at_checkpoints_whether_the_next_one_would_pass_the_bud
 def test_the_annealed_rate_is_eq_3_until_warmup_ends_then_falls_on_a_line_to_zero():
     d_model, factor, warmup, last = 256, 0.33, 400, 2400
     for step in (1, 100, 399, 400):  # warm-up: Eq. (3) itself, planned or not
-        assert schedule.annealed_rate(step, d_model, factor, warmup, last) == at.rate(
-            step, d_model, factor, warmup
-        )
+        assert schedule.annealed_rate(
+            step, d_model, factor, warmup=warmup, last_step=last
+        ) == at.rate(step, d_model, factor, warmup=warmup)
     # by hand: halfway from 400 to 2400, Eq. (3)'s 1400^-0.5 branch times one half
     halfway = factor * d_model**-0.5 * 1400**-0.5 * 0.5
-    assert schedule.annealed_rate(1400, d_model, factor, warmup, last) == pytest.approx(halfway)
-    assert schedule.annealed_rate(last, d_model, factor, warmup, last) == 0.0
-    assert schedule.annealed_rate(last + 50, d_model, factor, warmup, last) == 0.0
-    assert schedule.annealed_rate(1400, d_model, factor, warmup, 0) == at.rate(
-        1400, d_model, factor, warmup
+    assert schedule.annealed_rate(
+        1400, d_model, factor, warmup=warmup, last_step=last
+    ) == pytest.approx(halfway)
+    assert schedule.annealed_rate(last, d_model, factor, warmup=warmup, last_step=last) == 0.0
+    assert schedule.annealed_rate(last + 50, d_model, factor, warmup=warmup, last_step=last) == 0.0
+    assert schedule.annealed_rate(1400, d_model, factor, warmup=warmup, last_step=0) == at.rate(
+        1400, d_model, factor, warmup=warmup
     )
 
 
@@ -386,7 +390,7 @@ def test_the_plain_and_the_device_schedule_anneal_alike_once_planned():
             schedule.set_last_step(plain, 40)
             schedule.set_last_step(graphed, 40)
         planned = 40 if done >= 12 else 0
-        expected = at.rate(done + 1, d_model, factor, 10) * (
+        expected = at.rate(done + 1, d_model, factor, warmup=10) * (
             min(1.0, (40 - done - 1) / (0.5 * 30)) if planned else 1.0
         )
         assert plain.optimizer.param_groups[0]["lr"] == pytest.approx(expected, rel=1e-6)
@@ -435,8 +439,8 @@ def test_an_annealed_budget_ends_at_its_plan_with_the_rate_at_zero(tmp_path, one
     # the checkpoint before is step 30
     d_model = config.model.d_model
     assert len(history) == 30 and history[-1]["lr"] == 0.0
-    assert history[9]["lr"] == pytest.approx(at.rate(10, d_model, config.lr_factor, 10))
-    expected = at.rate(20, d_model, config.lr_factor, 10) * (30 - 20) / (30 - 10)
+    assert history[9]["lr"] == pytest.approx(at.rate(10, d_model, config.lr_factor, warmup=10))
+    expected = at.rate(20, d_model, config.lr_factor, warmup=10) * (30 - 20) / (30 - 10)
     assert history[19]["lr"] == pytest.approx(expected)
 
 
@@ -674,19 +678,25 @@ def test_train_config_refuses_a_bad_field_naming_it_and_the_rule(field, value, m
 
 def tiny_batch(vocab=40, n=6, seed=0):
     generator = torch.Generator().manual_seed(seed)
-    return at.Batch.from_ids(at.copy_task_pairs(n, vocab, 7, generator))
+    return at.Batch.from_ids(at.copy_task_pairs(n, vocab, 7, generator=generator))
 
 
 def test_an_fp16_step_with_the_gradient_scaler_is_close_to_the_float32_step():
     config = dataclasses.replace(TINY, vocab_size=40)
     steps = {}
     for amp in (None, torch.float16):
-        run = training.RunState.new(config, 40, "cpu", amp)
+        run = training.RunState.new(config, 40, "cpu", amp=amp)
         assert run.scaler.is_enabled() == (amp is not None)  # only float16 needs the scaler
         before = parameters(run.model)
         torch.manual_seed(1)  # the same dropout masks for both
         sums = training.train_step_amp(
-            run.model, tiny_batch(), run.optimizer, run.scheduler, run.scaler, 0.1, amp=amp
+            run.model,
+            tiny_batch(),
+            run.optimizer,
+            scheduler=run.scheduler,
+            scaler=run.scaler,
+            smoothing=0.1,
+            amp=amp,
         )
         updates = [a - b for a, b in zip(parameters(run.model), before)]
         steps[amp] = sums, torch.cat([u.flatten() for u in updates])
@@ -719,10 +729,14 @@ def test_compiled_step_equals_eager_within_tolerance():
     assert distributed.unwrap(compiled) is runs[1].model
     for step in range(3):
         batch = tiny_batch(seed=step)
-        eager = training.train_step_amp(runs[0].model, batch, runs[0].optimizer, runs[0].scheduler,
-                              runs[0].scaler, 0.1)  # fmt: skip
-        fast = training.train_step_amp(compiled, batch, runs[1].optimizer, runs[1].scheduler,
-                             runs[1].scaler, 0.1)  # fmt: skip
+        eager = training.train_step_amp(
+            runs[0].model, batch, runs[0].optimizer,
+            scheduler=runs[0].scheduler, scaler=runs[0].scaler, smoothing=0.1,
+        )  # fmt: skip
+        fast = training.train_step_amp(
+            compiled, batch, runs[1].optimizer,
+            scheduler=runs[1].scheduler, scaler=runs[1].scaler, smoothing=0.1,
+        )  # fmt: skip
         assert torch.allclose(eager, fast, rtol=1e-4)
     for x, y in zip(parameters(runs[0].model), parameters(runs[1].model)):
         assert torch.allclose(x, y, atol=1e-5)
@@ -733,17 +747,21 @@ def test_the_whole_training_step_runs_on_the_meta_device():
     # (a tensor made on the CPU by default) fails here just as it would on a GPU
     with torch.device("meta"):
         run = training.RunState.new(dataclasses.replace(TINY, vocab_size=40), 40, "meta")
-    corpus = at.EncodedCorpus(at.copy_task_pairs(8, 40, 5, torch.Generator().manual_seed(0)))
+    corpus = at.EncodedCorpus(
+        at.copy_task_pairs(8, 40, 5, generator=torch.Generator().manual_seed(0))
+    )
     batch = training.corpus_on(corpus, "meta").batch(list(range(8)))
     assert batch.src.device.type == "meta" and batch.tgt_mask.device.type == "meta"
-    sums = training.train_step_amp(run.model, batch, run.optimizer, run.scheduler, run.scaler, 0.1)
+    sums = training.train_step_amp(
+        run.model, batch, run.optimizer, scheduler=run.scheduler, scaler=run.scaler, smoothing=0.1
+    )
     assert sums.device.type == "meta" and sums.shape == (2,)
 
 
 def meta_run_and_corpus():
     with torch.device("meta"):
         run = training.RunState.new(dataclasses.replace(TINY, vocab_size=40), 40, "meta")
-    data = at.copy_task_pairs(8, 40, 5, torch.Generator().manual_seed(0))
+    data = at.copy_task_pairs(8, 40, 5, generator=torch.Generator().manual_seed(0))
     return run, data, training.corpus_on(at.EncodedCorpus(data), "meta")
 
 
@@ -755,9 +773,14 @@ def test_a_training_step_and_the_batch_it_trains_on_do_no_host_work():
     rows = torch.tensor(indices, device="meta")  # train_epoch copies an epoch's rows at once
 
     def step():
-        batch = bucketed_batch(corpus, indices, (1,), rows)  # the CPU's cut: exact
+        batch = bucketed_batch(corpus, indices, (1,), rows=rows)  # the CPU's cut: exact
         return training.train_step_amp(
-            run.model, batch, run.optimizer, run.scheduler, run.scaler, 0.1
+            run.model,
+            batch,
+            run.optimizer,
+            scheduler=run.scheduler,
+            scaler=run.scaler,
+            smoothing=0.1,
         )
 
     assert host_work(step) == []
@@ -817,21 +840,25 @@ def test_tf32_is_set_through_fp32_precision_only_while_training_and_restored():
 
 def test_the_schedule_does_not_advance_when_the_fp16_scaler_skips_an_update():
     config = dataclasses.replace(TINY, vocab_size=40)
-    run = training.RunState.new(config, 40, "cpu", torch.float16)
+    run = training.RunState.new(config, 40, "cpu", amp=torch.float16)
     d_model, factor, warmup = config.model.d_model, config.lr_factor, config.warmup_steps
     before = parameters(run.model)
     run.scaler = torch.amp.GradScaler("cpu", init_scale=1e38)  # the scaled loss overflows
-    training.train_step_amp(run.model, tiny_batch(), run.optimizer, run.scheduler, run.scaler, 0.1,
-                  amp=torch.float16)  # fmt: skip
+    training.train_step_amp(
+        run.model, tiny_batch(), run.optimizer,
+        scheduler=run.scheduler, scaler=run.scaler, smoothing=0.1, amp=torch.float16,
+    )  # fmt: skip
     assert all(torch.equal(a, b) for a, b in zip(parameters(run.model), before))  # skipped
     assert run.scheduler.last_epoch == 0
-    assert run.optimizer.param_groups[0]["lr"] == at.rate(1, d_model, factor, warmup)
+    assert run.optimizer.param_groups[0]["lr"] == at.rate(1, d_model, factor, warmup=warmup)
     run.scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
-    training.train_step_amp(run.model, tiny_batch(), run.optimizer, run.scheduler, run.scaler, 0.1,
-                  amp=torch.float16)  # fmt: skip
+    training.train_step_amp(
+        run.model, tiny_batch(), run.optimizer,
+        scheduler=run.scheduler, scaler=run.scaler, smoothing=0.1, amp=torch.float16,
+    )  # fmt: skip
     assert not all(torch.equal(a, b) for a, b in zip(parameters(run.model), before))  # made
     assert run.scheduler.last_epoch == 1
-    assert run.optimizer.param_groups[0]["lr"] == at.rate(2, d_model, factor, warmup)
+    assert run.optimizer.param_groups[0]["lr"] == at.rate(2, d_model, factor, warmup=warmup)
 
 
 def test_a_resume_in_another_precision_is_refused_and_fastest_keeps_the_saved_one(
@@ -966,7 +993,12 @@ def test_validating_more_or_less_often_trains_the_same_weights(tmp_path):
         config = dataclasses.replace(TINY, max_steps=8, eval_every=every or 8, bleu_sentences=5)
         val = toy_pairs(10, seed=5) if every else None
         model, _, _ = training.train(
-            config, toy_pairs(), tmp_path / str(every), tokenizer, val, log=quiet
+            config,
+            toy_pairs(),
+            tmp_path / str(every),
+            tokenizer=tokenizer,
+            val_pairs=val,
+            log=quiet,
         )
         weights.append(model.state_dict())
     metrics = json.loads((tmp_path / "1" / "metrics.json").read_text())

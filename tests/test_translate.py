@@ -110,9 +110,9 @@ def test_beam_search_decodes_at_the_alpha_val_chose_for_the_checkpoint(
     assert SHIPPED_ALPHA != 0.6  # val chose another than §6.1's, so the default is seen
     alphas, real = [], fd.fast_decode_batch
 
-    def recorded(model, src, src_mask, beam_size, alpha):
+    def recorded(model, src, src_mask, *, beam_size, alpha):
         alphas.append(alpha)
-        return real(model, src, src_mask, beam_size, alpha)
+        return real(model, src, src_mask, beam_size=beam_size, alpha=alpha)
 
     monkeypatch.setattr(fd, "fast_decode_batch", recorded)
     reads, read = [], torch.load
@@ -161,13 +161,13 @@ def test_the_score_is_chapter_6_1s_evaluate_bleu_on_the_translations_made_once(
     scored, translated = [], []
     evaluate_bleu, translate_sentences = at.evaluate_bleu, at.translate
 
-    def evaluate(model, tokenizer, pairs, *options):
+    def evaluate(model, tokenizer, pairs, **options):
         scored.append(pairs)
-        return {**evaluate_bleu(model, tokenizer, pairs, *options), "signature": "as 6.1 signs"}
+        return {**evaluate_bleu(model, tokenizer, pairs, **options), "signature": "as 6.1 signs"}
 
-    def counted(*args):
-        translated.append(args[2])
-        return translate_sentences(*args)
+    def counted(model, tokenizer, sentences, **options):
+        translated.append(sentences)
+        return translate_sentences(model, tokenizer, sentences, **options)
 
     monkeypatch.setattr(at, "evaluate_bleu", evaluate)
     monkeypatch.setattr(at, "translate", counted)  # evaluate_bleu translates with it
@@ -261,7 +261,7 @@ def test_a_failure_while_translating_keeps_its_traceback_and_writes_nothing(
 ):
     calls = []
 
-    def fails_on_the_second_batch(model, src, *args):
+    def fails_on_the_second_batch(model, src, *args, **options):
         calls.append(len(src))
         if len(calls) == 2:
             raise RuntimeError("out of memory")  # not the user's to fix: a traceback

@@ -300,8 +300,12 @@ def test_the_charts_take_their_series_labels_and_title_from_the_caller():
     import plots
 
     series = ("the paper's rows", "rows of a run")
-    changes = plots.table3_changes(["(A)", "(B)"], [1.0, -2.0], [3.0, 4.0], series, title="t")
-    sizes = plots.ppl_vs_params(["base", "(B)"], [1, 2], [3, 2], [1, 3], [5, 4], series, "u")
+    changes = plots.table3_changes(
+        ["(A)", "(B)"], [1.0, -2.0], [3.0, 4.0], series=series, title="t"
+    )
+    sizes = plots.ppl_vs_params(
+        ["base", "(B)"], [1, 2], [3, 2], our_params=[1, 3], our_ppl=[5, 4], series=series, title="u"
+    )
     for fig, title in ((changes, "t"), (sizes, "u")):
         ax = fig.axes[0]
         assert [text.get_text() for text in ax.get_legend().get_texts()] == list(series)
@@ -320,7 +324,9 @@ def test_the_labels_of_the_parameters_chart_stay_inside_and_apart():
     paper_ppl = [4.92, 5.16, 5.01, 6.11, 5.19, 4.88, 5.75, 5.12, 4.66]
     our_params = [5.2, 4.3, 4.6, 2.6, 3.9, 6.5, 2.0, 4.4, 15.2]
     our_ppl = [7.10, 7.99, 7.54, 7.43, 6.78, 9.10, 8.72, 7.30, 6.17]
-    fig = plots.ppl_vs_params(labels, paper_params, paper_ppl, our_params, our_ppl)
+    fig = plots.ppl_vs_params(
+        labels, paper_params, paper_ppl, our_params=our_params, our_ppl=our_ppl
+    )
     ax = fig.axes[0]
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
@@ -421,7 +427,7 @@ def test_the_comparison_charts_draw_every_row_from_the_comparison_table():
     paper_rows = {row.label: row for row in at.TABLE3_ROWS}
     table = variations.compare(made_up_results(), paper_rows, MADE_UP_ROWS)
     series = ("the paper's rows", "rows of a run")
-    bars = plots.table3_comparison(table, 2.5, series, "changes").axes[0]
+    bars = plots.table3_comparison(table, 2.5, series, title="changes").axes[0]
     labels = [tick.get_text() for tick in bars.get_yticklabels()]
     assert labels == ["(B) d_k=16\nours: d_k=8", "(C) N=2\nours: N=1"]  # the base row left out
     assert bars.get_title() == "changes"

@@ -1,0 +1,94 @@
+"""Calls that name their arguments: a public function or method of code/ with more than
+three parameters takes the rest by keyword only, and no call in code/ hands a function of the
+book a tuple to spread over its parameters, so that reordering a parameter can never send a
+value silently to the wrong place."""
+
+import ast
+import pathlib
+
+import pytest
+
+CODE = pathlib.Path(__file__).resolve().parent.parent / "code"
+POSITIONAL = 3  # at most this many parameters (self and cls not counted) by position
+
+
+def positional_parameters(node, method):
+    names = [a.arg for a in node.args.posonlyargs + node.args.args]
+    return names[1:] if method and names[:1] in (["self"], ["cls"]) else names
+
+
+def public_signatures(tree):
+    """(qualified name, node, is a method) of every module-level function and every method
+    of a module-level class that a caller may use: no leading underscore (__init__ counts).
+    forward is left out: nn.Module.__call__ passes its arguments on by position."""
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            yield node.name, node, False
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name != "forward":
+                    yield f"{node.name}.{item.name}", item, True
+
+
+def too_positional(text):
+    return [
+        f"{name}({', '.join(positional_parameters(node, method))})"
+        for name, node, method in public_signatures(ast.parse(text))
+        if (name.split(".")[-1] == "__init__" or not name.split(".")[-1].startswith("_"))
+        and len(positional_parameters(node, method)) > POSITIONAL
+    ]
+
+
+def test_the_rule_on_known_signatures():
+    source = (
+        "def three(a, b, c): pass\n"
+        "def four(a, b, c, d): pass\n"
+        "def named(a, b, c, *, d, e): pass\n"
+        "def _private(a, b, c, d): pass\n"
+        "class Layer:\n"
+        "    def __init__(self, a, b, c, d): pass\n"
+        "    def forward(self, a, b, c, d): pass\n"
+        "    @classmethod\n"
+        "    def new(cls, a, b, c, *, d): pass\n"
+        "def outer(a):\n"
+        "    def inner(a, b, c, d): pass\n"
+    )
+    assert too_positional(source) == ["four(a, b, c, d)", "Layer.__init__(a, b, c, d)"]
+
+
+@pytest.mark.parametrize("path", sorted(CODE.glob("*.py")), ids=lambda p: p.name)
+def test_public_functions_take_all_but_three_parameters_by_keyword(path):
+    found = too_positional(path.read_text())
+    assert not found, f"make all but the first three keyword-only (a bare *): {found}"
+
+
+def wide_signatures():
+    """{name: positional parameter count} of the book's functions and classes of more than
+    three parameters: what a spread tuple could fill in the wrong order."""
+    wide = {}
+    for path in CODE.glob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef):
+                count = len(node.args.args) + len(node.args.kwonlyargs)
+            elif isinstance(node, ast.ClassDef):  # a dataclass's fields, or its __init__
+                fields = [n for n in node.body if isinstance(n, ast.AnnAssign)]
+                inits = [n for n in node.body if getattr(n, "name", "") == "__init__"]
+                count = len(inits[0].args.args) - 1 if inits else len(fields)
+            else:
+                continue
+            if count > POSITIONAL:
+                wide[node.name] = count
+    return wide
+
+
+@pytest.mark.parametrize("path", sorted(CODE.glob("*.py")), ids=lambda p: p.name)
+def test_no_call_spreads_a_tuple_over_a_wide_signature(path):
+    wide = wide_signatures()
+    spread = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and any(isinstance(a, ast.Starred) for a in node.args):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+            if name in wide or name == "cls":
+                spread.append(f"line {node.lineno}: {ast.unparse(node)[:80]}")
+    assert not spread, f"name the arguments instead of spreading a tuple: {spread}"
