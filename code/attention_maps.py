@@ -133,14 +133,12 @@ def attention_weights(model, sources, targets):
 
 
 def extract(model, tokenizer, sentences, *, beam_size=4, alpha=0.6):
-    """Translate German `sentences` (list of str) with at.translate and return one record per
+    """Translate German `sentences` (list of str) with fd.fast_translate and return one record per
     sentence: source/target ids and display tokens, the translation, and the weights of
     every layer and head as tensors (see attention_weights). The target ids are the
     translation encoded again, ending in </s>: the tokens the model produced whenever its
     output is the usual encoding of its own text, as a trained model's nearly always is."""
-    translations = at.translate(
-        model, tokenizer, sentences, beam_size=beam_size, alpha=alpha, decode=fd.fast_decode_batch
-    )
+    translations = fd.fast_translate(model, tokenizer, sentences, beam_size=beam_size, alpha=alpha)
     sources = [tokenizer.encode(s).ids + [at.EOS_ID] for s in sentences]
     targets = [tokenizer.encode(t).ids + [at.EOS_ID] for t in translations]
     weights = attention_weights(model, sources, targets)

@@ -168,14 +168,13 @@ def choose_alpha(model, tokenizer, pairs, *, alphas, batch_size=64):
     the references'): (alpha, [{"alpha", "sacreBLEU", "length ratio"}])."""
     scores = []
     for alpha in alphas:
-        figures = at.evaluate_bleu(
+        figures = fd.fast_evaluate_bleu(
             model,
             tokenizer,
             pairs,
             beam_size=4,
             alpha=alpha,
             batch_size=batch_size,
-            decode=fd.fast_decode_batch,
         )
         scores.append(
             {"alpha": alpha, "sacreBLEU": figures["bleu"], "length ratio": figures["length_ratio"]}
@@ -200,14 +199,13 @@ def score_table(weights, sets, *, alpha, device, batch_size, out):
         model, tokenizer = at.load_checkpoint(path, device)
         for split, pairs in sets.items():
             for beam_size in (1, 4):
-                scores = at.evaluate_bleu(
+                scores = fd.fast_evaluate_bleu(
                     model,
                     tokenizer,
                     pairs,
                     beam_size=beam_size,
                     alpha=alpha,
                     batch_size=batch_size,
-                    decode=fd.fast_decode_batch,
                 )
                 signature = scores["signature"]
                 decoding = at.decoding_label(beam_size, alpha)
@@ -244,14 +242,13 @@ def store_paper_beam(model, tokenizer, pairs, *, batch_size, out):
     table's rows but not among them: the baseline of the paired test of what val's choice of
     alpha is worth (chapter 6.1), never a candidate."""
     sources = [source for source, _ in pairs]
-    hypotheses = at.translate(
+    hypotheses = fd.fast_translate(
         model,
         tokenizer,
         sources,
         beam_size=4,
         alpha=scoring.PAPER_ALPHA,
         batch_size=batch_size,
-        decode=fd.fast_decode_batch,
     )
     scoring.write_hypotheses(
         out, hypotheses, split="test2016", decoding=scoring.PAPER_BEAM, weights="averaged"

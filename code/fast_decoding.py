@@ -11,10 +11,12 @@ from annotated_transformer import (
     EOS_ID,
     PAD_ID,
     attention,
+    evaluate_bleu,
     length_penalty,
     next_log_probs,
     output_limits,
     positive_int,
+    translate,
 )
 
 # --------------------------------------------------------------------------------------
@@ -326,3 +328,15 @@ def beam_slots(in_beam, parent, k):
     free = torch.where(extended, k, rows).sort(dim=-1).values  # rows nothing extends, first
     extra_slot = free.gather(1, (extra.cumsum(dim=-1) - 1).clamp(min=0))
     return torch.where(first, parent, torch.where(extra, extra_slot, k))
+
+
+def fast_translate(model, tokenizer, sentences, **options):
+    """Chapter 6.1's translate with fast_decode_batch: the same translations, each batch
+    decoded at once with the key/value cache. options: translate's beam_size, alpha and
+    batch_size."""
+    return translate(model, tokenizer, sentences, decode=fast_decode_batch, **options)
+
+
+def fast_evaluate_bleu(model, tokenizer, pairs, **options):
+    """Chapter 6.1's evaluate_bleu with fast_decode_batch (options as fast_translate's)."""
+    return evaluate_bleu(model, tokenizer, pairs, decode=fast_decode_batch, **options)

@@ -26,7 +26,6 @@ from annotated_transformer import (
     batch_by_tokens,
     build_model,
     check_device,
-    evaluate_bleu,
     forward_loss,
     load_tokenizer,
     make_optimizer,
@@ -49,7 +48,7 @@ from distributed import (
     restore_rng_state,
     unwrap,
 )
-from fast_decoding import fast_decode_batch
+from fast_decoding import fast_evaluate_bleu
 from hardware import hardware_description
 from precision import AMP_OF_PRECISION, PRECISIONS, autocast_dtype, native_bf16, tf32_matmuls
 from profiles import RunConfig
@@ -188,10 +187,10 @@ def validate(model, corpus, pairs, *, tokenizer):
     number of decoding steps, hardly its width."""
     model = unwrap(model)
     training, loss = model.training, validation_loss(model, corpus)
-    greedy = dict(beam_size=1, decode=fast_decode_batch)  # in translate's batches on a CPU
+    greedy = {"beam_size": 1}  # in translate's batches on a CPU
     if corpus.src.device.type == "cuda":
         greedy["batch_size"] = len(pairs)
-    bleu = evaluate_bleu(model, tokenizer, pairs, **greedy)
+    bleu = fast_evaluate_bleu(model, tokenizer, pairs, **greedy)
     model.train(training)
     return {
         "val_loss": round(loss, 4),

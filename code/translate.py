@@ -127,14 +127,15 @@ def load_translator(path, device):
         ) from None
 
 
-def translate_and_score(model, tokenizer, sentences, *, references, **options):
+def translate_and_score(model, tokenizer, sentences, *, references, decode, **options):
     """(the translations, their scores), `options` as at.translate takes them (beam_size,
-    alpha, batch_size, decode): without references, at.translate's translations and None;
-    with them, at.evaluate_bleu's hypotheses and figures, so that the sentences are
-    translated once and scored as every other script scores them."""
-    if references is None:
-        return at.translate(model, tokenizer, sentences, **options), None
-    scores = at.evaluate_bleu(model, tokenizer, list(zip(sentences, references)), **options)
+    alpha, batch_size) and `decode` its decoder: without references, at.translate's
+    translations and None; with them, at.evaluate_bleu's hypotheses and figures, so that the
+    sentences are translated once and scored as every other script scores them."""
+    pairs = None if references is None else list(zip(sentences, references))
+    if pairs is None:
+        return at.translate(model, tokenizer, sentences, decode=decode, **options), None
+    scores = at.evaluate_bleu(model, tokenizer, pairs, decode=decode, **options)
     return scores["hypotheses"], scores
 
 
@@ -172,14 +173,9 @@ def main(argv=None):
             return out
 
         try:
-            options = {"beam_size": beam_size, "alpha": alpha, "decode": decode}
+            options = {"beam_size": beam_size, "alpha": alpha, "batch_size": args.batch_size}
             translations, score = translate_and_score(
-                model,
-                tokenizer,
-                sentences,
-                references=references,
-                batch_size=args.batch_size,
-                **options,
+                model, tokenizer, sentences, references=references, decode=decode, **options
             )
         except at.InputError as error:  # a sentence too long: named as the user numbers it
             if getattr(error, "index", None) is None:

@@ -189,9 +189,7 @@ def run_variant(
     model.eval()
     ppl = at.validation_perplexity(model, at.encode_pairs(val_pairs, tokenizer), config.max_tokens)
     scored = val_pairs[: scale.bleu_sentences]
-    bleu = at.evaluate_bleu(
-        model, tokenizer, scored, beam_size=scale.beam_size, decode=fd.fast_decode_batch
-    )["bleu"]
+    bleu = fd.fast_evaluate_bleu(model, tokenizer, scored, beam_size=scale.beam_size)["bleu"]
     m = config.model
     row = {
         "row": label,

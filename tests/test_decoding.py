@@ -1,6 +1,7 @@
 """§6.1 and the fast-decoding page: greedy decoding, beam search with length penalty, the
 key/value cache and its fast paths, checkpoint averaging, translate, and scoring."""
 
+import ast
 import csv
 import itertools
 import json
@@ -607,3 +608,39 @@ def test_the_papers_greedy_decode_gives_the_fast_paths_tokens():
     src_mask = at.padding_mask(src, at.PAD_ID)
     plain = at.greedy_decode(model, src, src_mask, max_len=12)
     assert torch.equal(plain, fd.fast_greedy_decode(model, src, src_mask, max_len=12))
+
+
+def test_fast_translate_and_fast_evaluate_bleu_give_the_paper_decoders_translations():
+    """The scripts' way to translate many sentences is chapter 6.1's translate with the fast
+    decoder: on the shipped translator, greedy and beam search give the paper decoder's
+    words, and the scores are those of the same translations."""
+    model, tokenizer = at.load_checkpoint(ROOT / "results" / "multi30k" / "averaged.pt")
+    pairs = [
+        ("Ein Hund rennt über die Wiese.", "A dog runs across the meadow."),
+        ("Zwei Männer spielen Fußball im Park.", "Two men play soccer in the park."),
+        ("Eine Frau mit rotem Hut liest ein Buch auf einer Bank.", "A woman reads a book."),
+    ]
+    sources = [source for source, _ in pairs]
+    for options in ({"beam_size": 1}, {"beam_size": 4, "alpha": 1.0}):
+        paper = at.translate(model, tokenizer, sources, **options)  # decode_batch, one by one
+        assert fd.fast_translate(model, tokenizer, sources, **options) == paper
+        scores = fd.fast_evaluate_bleu(model, tokenizer, pairs, **options)
+        assert scores["hypotheses"] == paper
+
+
+def test_every_script_translates_many_sentences_on_the_fast_path():
+    """Outside the paper's module, translate and evaluate_bleu are called as fast_translate
+    and fast_evaluate_bleu (fast_decoding), or name their decoder: a script that forgot
+    would decode sentence by sentence, many times slower, without a word."""
+    slow = []
+    for path in sorted((ROOT / "code").glob("*.py")):
+        if path.name in ("annotated_transformer.py", "fast_decoding.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+            named = {keyword.arg for keyword in node.keywords}
+            if name in ("translate", "evaluate_bleu") and "decode" not in named:
+                slow.append(f"{path.name}:{node.lineno}")
+    assert not slow, f"call fd.fast_translate or fd.fast_evaluate_bleu instead: {slow}"

@@ -161,7 +161,7 @@ def test_evaluate_decodes_test_only_at_the_alpha_that_val_chose(
         return real_decode(model, src, src_mask, beam_size=beam_size, alpha=alpha)
 
     val_pairs, alphas, real_decode = helpers.load_multi30k("val"), [], fd.fast_decode_batch
-    monkeypatch.setattr(at, "evaluate_bleu", recorded)
+    monkeypatch.setattr(fd, "evaluate_bleu", recorded)  # what fast_evaluate_bleu calls
     monkeypatch.setattr(fd, "fast_decode_batch", decoded)
     flags = ["--average", "2", "--alpha", "0.6,1.2,0.9"]
     assert evaluate.main(["--run", str(tiny_run), "--out", str(tmp_path), *flags]) == 0
@@ -207,7 +207,7 @@ def test_stored_scores_an_average_whose_run_is_gone_and_keeps_its_record(
         scores = real(model, tokenizer, pairs, beam_size=beam_size, alpha=alpha, **options)
         return {**scores, "bleu": made_up[alpha]} if beam_size == 4 else scores
 
-    monkeypatch.setattr(at, "evaluate_bleu", scored)
+    monkeypatch.setattr(fd, "evaluate_bleu", scored)
     assert evaluate.main(["--stored", str(tmp_path), "--alpha", "0.6,1.0,1.4"]) == 0
     after = json.loads((tmp_path / "evaluation.json").read_text())
     assert after["alpha"] == 1.0 and [a["alpha"] for a in after["alpha_on_val"]] == [0.6, 1.0, 1.4]
@@ -239,7 +239,7 @@ def test_evaluate_refuses_flags_that_do_not_go_together(flags, message, capsys):
 def test_evaluate_keeps_the_first_of_equal_alphas(tiny_run, tmp_path, short_outputs, monkeypatch):
     real = at.evaluate_bleu
     monkeypatch.setattr(
-        at, "evaluate_bleu", lambda *args, **options: {**real(*args, **options), "bleu": 20.0}
+        fd, "evaluate_bleu", lambda *args, **options: {**real(*args, **options), "bleu": 20.0}
     )  # every alpha ties
     evaluate.evaluate(tiny_run, tmp_path, run_folder.snapshot_paths(tiny_run), alphas=(1.0, 0.6))
     assert json.loads((tmp_path / "evaluation.json").read_text())["alpha"] == 1.0
