@@ -28,7 +28,6 @@ from collections import namedtuple
 from dataclasses import asdict, dataclass, replace
 
 import torch
-from torch import nn
 from torch.utils.benchmark import Compare, Measurement, Timer
 
 import annotated_transformer as at
@@ -38,8 +37,11 @@ import profiles
 import safe_files
 import script_helpers as helpers
 import training_runs as training
+from flops import bf16_peak_flops, forward_flops, real_token_flops, training_flops
 from hardware import hardware_description
 from precision import native_bf16
+from stand_in import stand_in_pairs
+from torch_transformer import TorchTransformer
 
 SCHEMA = 3  # 3: profile configurations (real batches), updates per call
 NEVER = -1  # an end symbol no token id can equal: decoding runs its full length
@@ -88,140 +90,6 @@ CONFIGS = {
     "tiny-profile": ProfileBench("tiny-profile", "tiny", "stand-in", 2),
 }
 QUICK = ["tiny", "tiny-profile"]
-
-
-def forward_flops(config, vocab, batch, *, src_len, tgt_len):
-    """FLOPs of one forward pass of the encoder, decoder and generator on `batch` sentence
-    pairs of src_len and tgt_len tokens, by part. Matrix products only, 2*m*n*k each (one
-    multiply and one add per term); softmax, LayerNorm, dropout, residual additions and the
-    loss are element-wise, O(tokens * d_model), and left out, as torch's FlopCounterMode
-    leaves them out. Embedding lookups are no arithmetic."""
-    d, d_ff, N = config.d_model, config.d_ff, config.N
-    with torch.device("meta"):  # the head widths as the model derives them, without weights
-        heads = at.MultiHeadedAttention(config.h, d, d_k=config.d_k, d_v=config.d_v)
-    h, d_k, d_v = heads.h, heads.d_k, heads.d_v
-    src, tgt = batch * src_len, batch * tgt_len  # tokens through encoder and decoder
-
-    def linear(tokens, d_in, d_out):
-        return 2 * tokens * d_in * d_out
-
-    def attention(queries, keys):
-        # Q K^T and weights @ V on every head of every sentence
-        return 2 * batch * h * queries * keys * (d_k + d_v)
-
-    # W^Q, W^K, W^V and W^O of each attention module; in encoder-decoder attention the
-    # queries come from the decoder, keys and values from the encoder's output (the memory)
-    encoder_self = linear(src, d, h * (2 * d_k + d_v)) + linear(src, h * d_v, d)
-    decoder_self = linear(tgt, d, h * (2 * d_k + d_v)) + linear(tgt, h * d_v, d)
-    encoder_decoder = (
-        linear(tgt, d, h * d_k) + linear(src, d, h * (d_k + d_v)) + linear(tgt, h * d_v, d)
-    )
-    parts = {
-        "projections": N * (encoder_self + decoder_self + encoder_decoder),
-        "attention": N
-        * (attention(src_len, src_len) + attention(tgt_len, tgt_len) + attention(tgt_len, src_len)),
-        # W_1 and W_2 of Eq. (2), in every encoder and decoder layer
-        "feed_forward": N * 2 * (linear(src, d, d_ff) + linear(tgt, d, d_ff)),
-        "generator": linear(tgt, d, vocab),
-    }
-    parts["total"] = sum(parts.values())
-    return parts
-
-
-def training_flops(config, vocab, batch, *, src_len, tgt_len):
-    """FLOPs of one training step: forward, plus a backward pass that computes two products
-    for each forward one (gradients of both factors), so 3x the forward's. Adam's update is
-    element-wise and not counted."""
-    return 3 * forward_flops(config, vocab, batch, src_len=src_len, tgt_len=tgt_len)["total"]
-
-
-def recipe_step_flops(config, corpus):
-    """FLOPs of a mean training step of a recipe (a TrainConfig) on an EncodedCorpus: the
-    batches of its first epoch hold this many sentences on average, of these mean source and
-    decoder lengths (real tokens: padding is left out of the useful work)."""
-    batches = at.batch_by_tokens(corpus.lengths, config.max_tokens, config.seed)
-    lengths = torch.tensor(corpus.lengths, dtype=torch.float64)
-    src_len, tgt_len = lengths[:, 0].mean().item(), lengths[:, 1].mean().item() - 1
-    sentences = sum(map(len, batches)) / len(batches)
-    return training_flops(
-        config.model, config.vocab_size, sentences, src_len=src_len, tgt_len=tgt_len
-    )
-
-
-# Dense (no structured sparsity) bf16 tensor-core peaks from NVIDIA's data sheets, in FLOP/s.
-# The first entry whose words all occur in the device name wins; others get no MFU.
-BF16_PEAK_FLOPS = {
-    "H100 PCIe": 756e12,
-    "H100 NVL": 835e12,
-    "H100": 989e12,  # SXM, named e.g. "NVIDIA H100 80GB HBM3"
-    "H200 NVL": 835e12,
-    "H200": 989e12,
-    "A100": 312e12,
-}
-
-
-def bf16_peak_flops(device_name):
-    """The bf16 dense peak of a GPU from its name, or None when it is not in the table."""
-    for words, peak in BF16_PEAK_FLOPS.items():
-        if all(word.lower() in device_name.lower() for word in words.split()):
-            return peak
-    return None
-
-
-class TorchTransformer(nn.Module):
-    """The baseline: torch.nn.Transformer with the sizes of a ModelConfig (post-LN, ReLU,
-    batch_first), inside the same at.Embeddings, at.PositionalEncoding and at.Generator as
-    our model, with the interface of at.EncoderDecoder, so one training step trains both alike.
-
-    Known differences from our model: nn.MultiheadAttention has biases on its four
-    projections (4 d_model per attention module), and nn.Transformer closes the encoder and
-    the decoder with a LayerNorm even in post-LN (2 d_model each): 12 N d_model + 4 d_model
-    more parameters. Dropout is the same: nn.Transformer's on attention weights and ReLU
-    units, which the paper lacks (§5.4), get our attention_dropout and relu_dropout (0).
-    With config.share_embeddings, both embeddings and the generator share one matrix, as in
-    at.build_model (§3.4)."""
-
-    def __init__(self, vocab, config):
-        super().__init__()
-        c = config
-        embed = [at.Embeddings(c.d_model, vocab) for _ in range(2)]  # source, target
-        position = [at.PositionalEncoding(c.d_model, c.dropout, c.max_len) for _ in range(2)]
-        self.src_embed, self.tgt_embed = map(nn.Sequential, embed, position)
-        self.transformer = nn.Transformer(
-            d_model=c.d_model,
-            nhead=c.h,
-            num_encoder_layers=c.N,
-            num_decoder_layers=c.N,
-            dim_feedforward=c.d_ff,
-            dropout=c.dropout,
-            batch_first=True,  # post-LN (norm_first=False) and ReLU: the defaults
-        )
-        for layer in [*self.transformer.encoder.layers, *self.transformer.decoder.layers]:
-            layer.self_attn.dropout = c.attention_dropout
-            if hasattr(layer, "multihead_attn"):
-                layer.multihead_attn.dropout = c.attention_dropout
-            layer.dropout = nn.Dropout(c.relu_dropout)  # between the feed-forward's two maps
-        self.generator = at.Generator(c.d_model, vocab)
-        at.initialise(self.generator.projection)  # as at.build_model; embeddings init themselves
-        if c.share_embeddings:
-            shared = self.src_embed[0].embedding.weight
-            self.tgt_embed[0].embedding.weight = self.generator.projection.weight = shared
-
-    def forward(self, src, tgt, src_mask, tgt_mask):
-        # our boolean masks are True where attending is allowed, nn.Transformer's where not
-        src_padding = ~src_mask[:, 0]  # (batch, seq_src)
-        tgt_padding = ~tgt_mask[:, -1]  # the last query sees every real target position
-        # True above the diagonal (the future), made on the step's device: no host copy
-        causal = torch.ones(tgt.size(1), tgt.size(1), dtype=torch.bool, device=tgt.device).triu(1)
-        return self.transformer(
-            self.src_embed(src),
-            self.tgt_embed(tgt),
-            tgt_mask=causal,
-            src_key_padding_mask=src_padding,
-            tgt_key_padding_mask=tgt_padding,
-            memory_key_padding_mask=src_padding,
-            tgt_is_causal=True,
-        )
 
 
 def random_ids(bench, seed=0):
@@ -316,32 +184,6 @@ def graphed_row(bench, model, device, *, amp=None, eager_steps=3):
     return Row(f"train/ours{compiled}-{key}", label, work, ntokens, bench_flops(bench), 1)
 
 
-STAND_IN_WORDS = "a man woman dog runs sits on the red blue big small ball street grass".split()
-
-
-def stand_in_ids(count, vocab, seed=0):
-    """`count` made-up (source ids, target ids) pairs as at.encode_pairs returns them: 2 to 8
-    random ids from 4..vocab-1 ending in </s>, and the same ids reversed between <s> and
-    </s>."""
-    generator = torch.Generator().manual_seed(seed)
-    pairs = []
-    for _ in range(count):
-        length = int(torch.randint(2, 9, (1,), generator=generator))
-        ids = torch.randint(4, vocab, (length,), generator=generator).tolist()
-        pairs.append((ids + [at.EOS_ID], [at.BOS_ID] + ids[::-1] + [at.EOS_ID]))
-    return pairs
-
-
-def stand_in_pairs(count=60, seed=0):
-    """The pairs of stand_in_ids as sentences of STAND_IN_WORDS, for smoke runs (and the
-    tests): a 'translation' that reverses the words. Nothing to draw conclusions from."""
-    pairs = []
-    for ids in stand_in_ids(count, len(STAND_IN_WORDS) + 4, seed):
-        source, target = (" ".join(STAND_IN_WORDS[i - 4] for i in side if i >= 4) for side in ids)
-        pairs.append((source, target))
-    return pairs
-
-
 def profile_pairs(bench, *, data_dir=None):
     """The training pairs of a ProfileBench: Multi30k's training split (from `data_dir`, as
     helpers.load_multi30k reads it), or the stand-in."""
@@ -364,16 +206,6 @@ def spread_batches(lengths, max_tokens, count, *, seed=0):
             f"count must be in 1..{len(batches)} (the epoch's batches), got {count}"
         )
     return [batches[(2 * i + 1) * len(batches) // (2 * count)] for i in range(count)]
-
-
-def real_token_flops(config, vocab, lengths, *, indices):
-    """Training FLOPs of one step on these pairs for their real tokens: each pair at its own
-    lengths (source with </s>; the decoder reads <s> y_1 ... y_m, one fewer than the target
-    ids), so padding adds nothing. Equal to training_flops for pairs of equal lengths."""
-    return sum(
-        training_flops(config, vocab, 1, src_len=lengths[i][0], tgt_len=lengths[i][1] - 1)
-        for i in indices
-    )
 
 
 @dataclass

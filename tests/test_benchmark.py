@@ -17,10 +17,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import annotated_transformer as at
 import benchmark
+import flops
 import profiles
 import script_helpers as helpers
+import stand_in
 import training_runs as training
 from hardware import hardware_description
+from torch_transformer import TorchTransformer
 
 TINY = benchmark.CONFIGS["tiny"]
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -74,10 +77,10 @@ def test_flop_formula_equals_the_flop_counter_on_the_reference_path(options, sha
     torch.manual_seed(0)
     model = at.build_model(50, 50, config)
     inputs = tiny_inputs(batch, src_len, tgt_len)
-    expected = benchmark.forward_flops(config, 50, batch, src_len=src_len, tgt_len=tgt_len)
+    expected = flops.forward_flops(config, 50, batch, src_len=src_len, tgt_len=tgt_len)
     assert counted_flops(model, inputs, backward=False) == expected["total"]
     # training = forward + a backward of two products per forward product = 3x forward
-    assert counted_flops(model, inputs, backward=True) == benchmark.training_flops(
+    assert counted_flops(model, inputs, backward=True) == flops.training_flops(
         config, 50, batch, src_len=src_len, tgt_len=tgt_len
     )
 
@@ -88,14 +91,14 @@ def test_flop_formula_on_the_fused_path():
     config = replace(TINY.model, fused=True)
     torch.manual_seed(0)
     model = at.build_model(50, 50, config)
-    parts = benchmark.forward_flops(config, 50, 3, src_len=7, tgt_len=5)
+    parts = flops.forward_flops(config, 50, 3, src_len=7, tgt_len=5)
     counted = counted_flops(model, tiny_inputs(), backward=False)
     assert counted in (parts["total"], parts["total"] - parts["attention"])
 
 
 def test_flop_formula_parts_for_the_base_model():
     # the familiar rule of thumb: a forward pass costs about 2 FLOPs per weight and token
-    parts = benchmark.forward_flops(at.BASE, 8000, 32, src_len=30, tgt_len=30)
+    parts = flops.forward_flops(at.BASE, 8000, 32, src_len=30, tgt_len=30)
     assert parts["total"] == sum(v for k, v in parts.items() if k != "total")
     assert parts["feed_forward"] == 6 * 2 * 2 * (32 * 30) * 512 * 2048 * 2
     per_token = parts["total"] / (32 * 30)
@@ -105,7 +108,7 @@ def test_flop_formula_parts_for_the_base_model():
 
 def test_the_baseline_has_the_configured_sizes():
     config = TINY.model
-    baseline = benchmark.TorchTransformer(TINY.vocab, config)
+    baseline = TorchTransformer(TINY.vocab, config)
     transformer = baseline.transformer
     assert transformer.d_model == config.d_model and transformer.nhead == config.h
     assert len(transformer.encoder.layers) == len(transformer.decoder.layers) == config.N
@@ -125,7 +128,7 @@ def test_the_baseline_has_our_parameter_count_plus_known_extras(name):
     bench = benchmark.CONFIGS[name]
     c = bench.model
     ours = at.count_parameters(at.build_model(bench.vocab, bench.vocab, c))
-    theirs = at.count_parameters(benchmark.TorchTransformer(bench.vocab, c))
+    theirs = at.count_parameters(TorchTransformer(bench.vocab, c))
     assert theirs - ours == 12 * c.N * c.d_model + 4 * c.d_model
     assert (theirs - ours) / ours < 0.005 or name == "tiny"
 
@@ -140,7 +143,7 @@ def test_the_twin_of_a_profile_model_shares_its_embeddings_and_has_our_count_plu
     vocab = profiles.PROFILES[profile].vocab_size
     assert c.share_embeddings
     ours = at.count_parameters(at.build_model(vocab, vocab, c))
-    twin = benchmark.TorchTransformer(vocab, c)
+    twin = TorchTransformer(vocab, c)
     shared = twin.src_embed[0].embedding.weight
     assert twin.tgt_embed[0].embedding.weight is shared
     assert twin.generator.projection.weight is shared
@@ -160,7 +163,7 @@ def test_the_baseline_masks_padding_and_the_future():
     torch.manual_seed(0)
     # training mode without dropout: the same function as eval, without nn.Transformer's
     # inference fast path (nested tensors, which warn that they are a prototype)
-    baseline = benchmark.TorchTransformer(50, replace(TINY.model, dropout=0.0)).train()
+    baseline = TorchTransformer(50, replace(TINY.model, dropout=0.0)).train()
     src, tgt, src_mask, tgt_mask = tiny_inputs()
     src[0, -2:] = at.PAD_ID
     src_mask = at.padding_mask(src, at.PAD_ID)
@@ -176,13 +179,13 @@ def test_the_baseline_masks_padding_and_the_future():
 
 def test_bf16_peaks_by_device_name():
     # a more precise name comes before the name it contains ("H100 PCIe" before "H100")
-    for name, peak in benchmark.BF16_PEAK_FLOPS.items():
-        assert benchmark.bf16_peak_flops(f"NVIDIA {name}") == peak, name
-    assert benchmark.bf16_peak_flops("NVIDIA H100 80GB HBM3") == 989e12
-    assert benchmark.bf16_peak_flops("NVIDIA H100 PCIe") == 756e12
-    assert benchmark.bf16_peak_flops("NVIDIA H200") == 989e12
-    assert benchmark.bf16_peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
-    assert benchmark.bf16_peak_flops("Some Future GPU") is None
+    for name, peak in flops.BF16_PEAK_FLOPS.items():
+        assert flops.bf16_peak_flops(f"NVIDIA {name}") == peak, name
+    assert flops.bf16_peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert flops.bf16_peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert flops.bf16_peak_flops("NVIDIA H200") == 989e12
+    assert flops.bf16_peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert flops.bf16_peak_flops("Some Future GPU") is None
 
 
 def test_rounds_visit_the_rows_in_rotated_order():
@@ -213,9 +216,7 @@ def test_bf16_rows_train_on_a_cpu():
     for row in rows:
         row.work()
         assert row.tokens == TINY.batch * TINY.seq
-        assert row.flops == benchmark.training_flops(
-            TINY.model, TINY.vocab, 4, src_len=6, tgt_len=6
-        )
+        assert row.flops == flops.training_flops(TINY.model, TINY.vocab, 4, src_len=6, tgt_len=6)
 
 
 def test_the_graphed_row_trains_the_model_it_is_given_on_the_benchmark_batch():
@@ -226,7 +227,7 @@ def test_the_graphed_row_trains_the_model_it_is_given_on_the_benchmark_batch():
     row = benchmark.graphed_row(TINY, model, torch.device("cpu"), eager_steps=1)
     assert row.key == "train/ours-graphed" and row.updates == 1
     assert row.tokens == TINY.batch * TINY.seq
-    assert row.flops == benchmark.training_flops(TINY.model, TINY.vocab, 4, src_len=6, tgt_len=6)
+    assert row.flops == flops.training_flops(TINY.model, TINY.vocab, 4, src_len=6, tgt_len=6)
     after_warmup = [p.detach().clone() for p in model.parameters()]
     assert any(not torch.equal(a, b) for a, b in zip(start, after_warmup))  # 2 steps made
     row.work()
@@ -263,12 +264,12 @@ def test_real_token_flops_count_each_pair_at_its_own_lengths():
     for i, (src_len, tgt_len) in enumerate(lengths):
         inputs = tiny_inputs(1, src_len, tgt_len - 1, seed=i)  # the decoder reads tgt_len - 1
         counted += counted_flops(model, inputs, backward=True)
-    assert benchmark.real_token_flops(config, 50, lengths, indices=[0, 1, 2]) == counted
+    assert flops.real_token_flops(config, 50, lengths, indices=[0, 1, 2]) == counted
     # pairs of equal lengths: the formula of a batch without padding
     same = [(6, 5)] * 3
-    assert benchmark.real_token_flops(
-        config, 50, same, indices=[0, 1, 2]
-    ) == benchmark.training_flops(config, 50, 3, src_len=6, tgt_len=4)
+    assert flops.real_token_flops(config, 50, same, indices=[0, 1, 2]) == flops.training_flops(
+        config, 50, 3, src_len=6, tgt_len=4
+    )
 
 
 def test_side_by_side_pairs_rows_of_the_same_precision_only():
@@ -336,7 +337,7 @@ def test_the_training_sized_row_trains_on_real_multi30k_batches(multi30k, monkey
     for row in rows:
         assert row.tokens == sum(targets) and row.updates == 4
         per_pair = [
-            benchmark.training_flops(
+            flops.training_flops(
                 profile.model, 5000, 1, src_len=lengths[i][0], tgt_len=lengths[i][1] - 1
             )
             for batch in data.chosen
@@ -506,9 +507,7 @@ def test_quick_run_writes_json_with_every_row_and_ratio(tmp_path, capsys):
         assert row["tokens_per_s"] == pytest.approx(row["tokens"] / row["median_s"])
         assert row["mfu"] is None and row["peak_memory_bytes"] is None  # a CPU: neither
     assert run["rows"]["train/torch"]["flops"] == run["flops"]["training_step"]
-    assert run["flops"]["forward"] == benchmark.forward_flops(
-        TINY.model, 64, 4, src_len=6, tgt_len=6
-    )
+    assert run["flops"]["forward"] == flops.forward_flops(TINY.model, 64, 4, src_len=6, tgt_len=6)
     assert run["rows"]["decode/beam-cache"]["tokens"] == 4 * 6
     labels = [label for a, b, label in benchmark.RATIOS if {a, b} <= set(run["rows"])]
     assert list(run["ratios"]) == labels and len(labels) >= 6
@@ -543,8 +542,8 @@ def test_a_recipes_step_flops_count_its_mean_batch_at_the_mean_lengths():
     # max_tokens 40 holds 40 // 6 = 6 of them (padding-free: every sentence is as long)
     corpus = at.EncodedCorpus([([5, 6, 7, at.EOS_ID], [at.BOS_ID, 5, 6, 7, 8, at.EOS_ID])] * 30)
     config = at.TrainConfig(model=at.ModelConfig(N=1, d_model=8, d_ff=16, h=2), max_tokens=40)
-    expected = benchmark.training_flops(config.model, config.vocab_size, 6, src_len=4, tgt_len=5)
-    assert benchmark.recipe_step_flops(config, corpus) == pytest.approx(expected)
+    expected = flops.training_flops(config.model, config.vocab_size, 6, src_len=4, tgt_len=5)
+    assert flops.recipe_step_flops(config, corpus) == pytest.approx(expected)
 
 
 def test_a_decoding_calls_flops_grow_in_proportion_to_its_batch():
@@ -563,13 +562,13 @@ def test_a_decoding_calls_flops_grow_in_proportion_to_its_batch():
 def test_the_stand_in_pairs_reverse_their_words_and_are_the_tests_toy_pairs():
     import toy
 
-    pairs = benchmark.stand_in_pairs(20, seed=3)
-    assert pairs == benchmark.stand_in_pairs(20, seed=3) != benchmark.stand_in_pairs(20, seed=4)
+    pairs = stand_in.stand_in_pairs(20, seed=3)
+    assert pairs == stand_in.stand_in_pairs(20, seed=3) != stand_in.stand_in_pairs(20, seed=4)
     for source, target in pairs:
         assert target.split() == source.split()[::-1]
         assert 2 <= len(source.split()) <= 8
-        assert set(source.split()) <= set(benchmark.STAND_IN_WORDS)
-    vocab = len(benchmark.STAND_IN_WORDS) + 4  # the words are the ids after the special ones
-    for (source, _), (ids, _) in zip(pairs, benchmark.stand_in_ids(20, vocab, seed=3)):
-        assert source.split() == [benchmark.STAND_IN_WORDS[i - 4] for i in ids[:-1]]
-    assert toy.toy_pairs is benchmark.stand_in_pairs and toy.toy_ids is benchmark.stand_in_ids
+        assert set(source.split()) <= set(stand_in.STAND_IN_WORDS)
+    vocab = len(stand_in.STAND_IN_WORDS) + 4  # the words are the ids after the special ones
+    for (source, _), (ids, _) in zip(pairs, stand_in.stand_in_ids(20, vocab, seed=3)):
+        assert source.split() == [stand_in.STAND_IN_WORDS[i - 4] for i in ids[:-1]]
+    assert toy.toy_pairs is stand_in.stand_in_pairs and toy.toy_ids is stand_in.stand_in_ids

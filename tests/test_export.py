@@ -394,3 +394,22 @@ def test_the_import_block_merges_and_orders_as_isort_does():
         "import torch\nimport torch.nn.functional as F\n\n"
         "from annotated_transformer import BASE, Batch, rate"
     )
+
+
+MODULE_LINES = 660  # a job's worth: about 600 lines, with a margin
+# the paper's module is one file by design: chapters 3-6 read top to bottom, in the paper's order
+LONGER_BY_DESIGN = {"annotated_transformer.py"}
+
+
+@pytest.mark.parametrize(
+    "path", sorted(export.MODULE.parent.glob("*.py")), ids=lambda path: path.name
+)
+def test_every_file_of_code_is_listed_by_contributing_and_holds_one_jobs_worth(path):
+    """Every file of code/ is named in CONTRIBUTING's table of what each holds, and none but
+    the paper's module grows much past 600 lines: a longer one holds more than one job."""
+    contributing = (export.ROOT / "CONTRIBUTING.md").read_text()
+    assert f"`code/{path.name}`" in contributing, f"describe code/{path.name} in CONTRIBUTING"
+    lines = len(path.read_text().splitlines())
+    assert path.name in LONGER_BY_DESIGN or lines <= MODULE_LINES, (
+        f"{path.name} has {lines} lines: file a job of it in a module of its own"
+    )
