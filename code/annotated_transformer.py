@@ -1018,15 +1018,24 @@ def average_checkpoints(paths):
                 f"{path} and {paths[0]} have a different {' and '.join(differ)}: they come "
                 f"from different runs, and only checkpoints of one run can be averaged"
             )
-    weights, means = {}, {}  # tied weights (§3.4) are one tensor under several names
-    for name, tensor in payloads[-1]["model"].items():
-        if tensor.data_ptr() not in means:  # float64 sums: the order does not matter
-            stack = torch.stack([p["model"][name].double() for p in payloads])
-            means[tensor.data_ptr()] = stack.mean(0).to(tensor.dtype)
-        weights[name] = means[tensor.data_ptr()]
+
+    def mean(name, tensor):  # float64 sums: the order does not matter
+        return torch.stack([p["model"][name].double() for p in payloads]).mean(0).to(tensor.dtype)
+
+    weights = once_per_tensor(payloads[-1]["model"], mean)
     steps = [p.get("step") for p in payloads]
     last = {key: payloads[-1][key] for key in ("config", "tokenizer")}
     return last | {"step": steps[-1], "averaged_steps": steps, "model": weights}
+
+
+def once_per_tensor(weights, change):
+    """{name: change(name, tensor)} for a state dict, `change` called once per tensor: tied
+    weights (§3.4), one tensor under several names, stay one tensor."""
+    changed = {}
+    for name, tensor in weights.items():
+        if tensor.data_ptr() not in changed:
+            changed[tensor.data_ptr()] = change(name, tensor)
+    return {name: changed[tensor.data_ptr()] for name, tensor in weights.items()}
 
 
 def translate(

@@ -188,15 +188,14 @@ def choose_alpha(model, tokenizer, pairs, *, alphas, batch_size=64):
     return best["alpha"], scores
 
 
-def score_table(weights, sets, *, alpha, device, batch_size, out):
-    """Greedy and beam 4 (length penalty `alpha`) for each (label, checkpoint path) of
-    `weights` on each split of `sets`, every row's hypotheses stored in `out`
+def score_table(translators, sets, *, alpha, batch_size, out):
+    """Greedy and beam 4 (length penalty `alpha`) for each (label, (model, tokenizer)) of
+    `translators` on each split of `sets`, every row's hypotheses stored in `out`
     (scoring.write_hypotheses; "last" is stored as last, any other label as averaged):
     (rows of the table, sacreBLEU's signature, the samples: the first 10 test2016
-    translations, beam 4, of the last of `weights`)."""
+    translations, beam 4, of the last of `translators`)."""
     rows, samples, signature = [], [], None
-    for label, path in weights:
-        model, tokenizer = at.load_checkpoint(path, device)
+    for label, (model, tokenizer) in translators:
         for split, pairs in sets.items():
             for beam_size in (1, 4):
                 scores = fd.fast_evaluate_bleu(
@@ -262,14 +261,6 @@ def scored_sets(limit=None, data_dir=None):
     }
 
 
-def store_alpha(path, alpha):
-    """Record in a checkpoint the length penalty val chose for it, which translate.py reads
-    (the weights are written back unchanged)."""
-    payload = at.read_checkpoint(path)
-    payload.pop("format", None)
-    at.save_checkpoint(path, {**payload, "alpha": alpha})
-
-
 def rescore(folder, *, alphas, device="cpu", batch_size=64, limit=None, data_dir=None):
     """Score folder/averaged.pt by the protocol (its run and last weights are gone): the alpha
     val chooses from `alphas`, greedy and beam on val and test2016, hypotheses stored, the
@@ -281,20 +272,18 @@ def rescore(folder, *, alphas, device="cpu", batch_size=64, limit=None, data_dir
             raise FileNotFoundError(f"--stored needs {path}; score a run with --run instead")
     record = json.loads(evaluation_path.read_text())
     sets = scored_sets(limit, data_dir)
-    model, tokenizer = at.load_checkpoint(averaged_path, device)
+    at.check_device(device)  # before the file is read
+    payload = at.read_checkpoint(averaged_path)  # read once: scored, then written with its alpha
+    translator = at.translator_from(payload, device)
     alpha, alpha_on_val = choose_alpha(
-        model, tokenizer, sets["val"], alphas=alphas, batch_size=batch_size
+        *translator, sets["val"], alphas=alphas, batch_size=batch_size
     )
     label = f"average of last {len(record['averaged_steps'])}"
     rows, signature, samples = score_table(
-        ((label, averaged_path),),
-        sets,
-        alpha=alpha,
-        device=device,
-        batch_size=batch_size,
-        out=folder,
+        ((label, translator),), sets, alpha=alpha, batch_size=batch_size, out=folder
     )
-    store_alpha(averaged_path, alpha)
+    # the weights written back unchanged, with the alpha val chose, which translate.py reads
+    at.save_checkpoint(averaged_path, {**payload, "alpha": alpha})
     for split, decoding, weights in scoring.stored_settings(folder):
         if weights == "last":  # decoded by another rule, and not in the new table
             scoring.hypotheses_path(
@@ -360,26 +349,26 @@ def evaluate(
     run, out = pathlib.Path(run), pathlib.Path(out)
     averaged_path = out / "averaged.pt"
     averaged = at.average_checkpoints(snapshots[-average:])
-    stored = {}  # one stored tensor per tensor of the average: tied weights stay tied
-    for name, tensor in averaged["model"].items():
-        if tensor.data_ptr() not in stored:
-            floating = tensor.is_floating_point()
-            stored[tensor.data_ptr()] = tensor.to(getattr(torch, dtype)) if floating else tensor
-        averaged["model"][name] = stored[tensor.data_ptr()]
+
+    def stored(name, tensor):  # tied weights stay one tensor (at.once_per_tensor)
+        return tensor.to(getattr(torch, dtype)) if tensor.is_floating_point() else tensor
+
+    averaged["model"] = at.once_per_tensor(averaged["model"], stored)
     at.save_checkpoint(averaged_path, averaged)
     label = f"average of last {len(averaged['averaged_steps'])}"
     sets = scored_sets(limit, data_dir)
+    # the stored tensors, still in memory, as load_checkpoint would read them back
+    translator = at.translator_from(averaged, device)
     alpha, alpha_on_val = alphas[0], None
     if len(alphas) > 1:  # test2016 is only ever decoded at the alpha val chose
-        model, tokenizer = at.load_checkpoint(averaged_path, device)
         alpha, alpha_on_val = choose_alpha(
-            model, tokenizer, sets["val"], alphas=alphas, batch_size=batch_size
+            *translator, sets["val"], alphas=alphas, batch_size=batch_size
         )
     # the payload is still in memory: write it again with the alpha, no need to read it back
     at.save_checkpoint(averaged_path, {**averaged, "alpha": alpha})
-    weights = (("last", snapshots[-1]), (label, averaged_path))
+    translators = (("last", at.load_checkpoint(snapshots[-1], device)), (label, translator))
     rows, signature, samples = score_table(
-        weights, sets, alpha=alpha, device=device, batch_size=batch_size, out=out
+        translators, sets, alpha=alpha, batch_size=batch_size, out=out
     )
     state, seconds = run_state(run, until)
     evaluation = {

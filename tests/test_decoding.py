@@ -644,3 +644,14 @@ def test_every_script_translates_many_sentences_on_the_fast_path():
             if name in ("translate", "evaluate_bleu") and "decode" not in named:
                 slow.append(f"{path.name}:{node.lineno}")
     assert not slow, f"call fd.fast_translate or fd.fast_evaluate_bleu instead: {slow}"
+
+
+def test_once_per_tensor_changes_each_tensor_once_and_keeps_tied_weights_tied():
+    shared, other = torch.ones(2), torch.zeros(3)
+    weights = {"embedding": shared, "projection": shared, "bias": other}
+    calls = []
+    changed = at.once_per_tensor(weights, lambda name, tensor: calls.append(name) or tensor + 1)
+    assert calls == ["embedding", "bias"]  # the tied matrix once, under its first name
+    assert changed["embedding"] is changed["projection"]
+    assert torch.equal(changed["projection"], torch.full((2,), 2.0))
+    assert torch.equal(changed["bias"], torch.ones(3))

@@ -314,3 +314,12 @@ def test_the_stored_table2_is_the_papers():
     # and the Transformers' cost is §5.2's training time x 8 P100s x 9.5 TFLOPS
     assert f"{12 * 3600 * 8 * 9.5e12:.1e}" == "3.3e+18"
     assert f"{3.5 * 86400 * 8 * 9.5e12:.1e}" == "2.3e+19"
+
+
+def test_the_stored_average_is_float16_with_its_tied_matrix_once(tiny_run, tmp_path, short_outputs):
+    evaluate.evaluate(tiny_run, tmp_path, run_folder.snapshot_paths(tiny_run), alphas=(0.6,))
+    stored = torch.load(tmp_path / "averaged.pt", weights_only=True)["model"]
+    tied = ["src_embed.0.embedding.weight", "tgt_embed.0.embedding.weight"]
+    tied.append("generator.projection.weight")  # TINY shares them (§3.4)
+    assert len({stored[name].data_ptr() for name in tied}) == 1
+    assert {t.dtype for t in stored.values() if t.is_floating_point()} == {torch.float16}
