@@ -12,7 +12,6 @@ until the length limit). Run it on idle cores: every figure is a time.
 """
 
 import argparse
-import contextlib
 import pathlib
 import statistics
 import tempfile
@@ -27,7 +26,7 @@ import script_helpers as helpers
 import training_runs as training
 from cuda_graphs import bucketed_batch
 from hardware import hardware_description
-from precision import native_bf16
+from precision import mixed_precision, native_bf16
 
 PARTS = ("cut", "forward", "backward", "optimizer")
 
@@ -53,8 +52,7 @@ def timed_update(state, batch_indices, corpus, *, smoothing, amp):
     times, started = {}, time.perf_counter()
     batch = bucketed_batch(corpus, batch_indices, (1,))
     times["cut"], started = time.perf_counter() - started, time.perf_counter()
-    precision = torch.autocast("cpu", amp) if amp else contextlib.nullcontext()
-    with precision:
+    with mixed_precision("cpu", amp):
         loss, _ = at.forward_loss(state.model, batch, smoothing)
     times["forward"], started = time.perf_counter() - started, time.perf_counter()
     (loss / batch.ntokens).backward()

@@ -4,7 +4,6 @@ GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
 `#| export` in chapters/cuda_graphs.ipynb; change the page, then run `python code/export.py`.
 """
 
-import contextlib
 import typing
 import warnings
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from annotated_transformer import (
     padding_mask,
     subsequent_mask,
 )
+from precision import mixed_precision
 
 # --------------------------------------------------------------------------------------
 # Training with CUDA graphs (ours), from chapters/cuda_graphs.ipynb
@@ -150,10 +150,8 @@ def capturable_step(model, optimizer, schedule, *, smoothing, amp=None):
         masks = {"src_mask": padding_mask(src, PAD_ID)}
         masks["tgt_mask"] = padding_mask(tgt_in, PAD_ID) & causal
         batch = Batch(src, tgt_in, tgt_y, ntokens=ntokens, **masks)
-        precision = contextlib.nullcontext()
-        if amp:  # no cache of cast weights in a capture (make_graphed_callables refuses it)
-            precision = torch.autocast(src.device.type, amp, cache_enabled=False)
-        with precision:
+        # no cache of cast weights in a capture (make_graphed_callables refuses it)
+        with mixed_precision(src.device.type, amp, cache=False):
             loss, nll = forward_loss(model, batch, smoothing)
         (loss / ntokens).backward()
         optimizer.step()

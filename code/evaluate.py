@@ -274,9 +274,9 @@ def rescore(folder, *, alphas, device="cpu", batch_size=64, limit=None, data_dir
     sets = scored_sets(limit, data_dir)
     at.check_device(device)  # before the file is read
     payload = at.read_checkpoint(averaged_path)  # read once: scored, then written with its alpha
-    translator = at.translator_from(payload, device)
+    model, tokenizer = translator = at.translator_from(payload, device)
     alpha, alpha_on_val = choose_alpha(
-        *translator, sets["val"], alphas=alphas, batch_size=batch_size
+        model, tokenizer, sets["val"], alphas=alphas, batch_size=batch_size
     )
     label = f"average of last {len(record['averaged_steps'])}"
     rows, signature, samples = score_table(
@@ -358,11 +358,11 @@ def evaluate(
     label = f"average of last {len(averaged['averaged_steps'])}"
     sets = scored_sets(limit, data_dir)
     # the stored tensors, still in memory, as load_checkpoint would read them back
-    translator = at.translator_from(averaged, device)
+    model, tokenizer = translator = at.translator_from(averaged, device)
     alpha, alpha_on_val = alphas[0], None
     if len(alphas) > 1:  # test2016 is only ever decoded at the alpha val chose
         alpha, alpha_on_val = choose_alpha(
-            *translator, sets["val"], alphas=alphas, batch_size=batch_size
+            model, tokenizer, sets["val"], alphas=alphas, batch_size=batch_size
         )
     # the payload is still in memory: write it again with the alpha, no need to read it back
     at.save_checkpoint(averaged_path, {**averaged, "alpha": alpha})

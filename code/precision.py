@@ -2,7 +2,7 @@
 under autocast), whether the device computes in bfloat16 natively, and TF32 products on a GPU.
 
 GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
-`#| export precision` in chapters/training_runs.ipynb;
+`#| export precision` in chapters/cuda_graphs.ipynb, chapters/training_runs.ipynb;
 change them, then run `python code/export.py`.
 """
 
@@ -11,6 +11,18 @@ import contextlib
 import torch
 
 from annotated_transformer import InputError
+
+# --------------------------------------------------------------------------------------
+# Training with CUDA graphs (ours), from chapters/cuda_graphs.ipynb
+# --------------------------------------------------------------------------------------
+
+def mixed_precision(device_type, dtype, *, cache=True):
+    """torch.autocast to `dtype` on that kind of device, or no change for None (float32);
+    cache=False keeps no cast copies of the weights between operations."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype, cache_enabled=cache)
+
 
 # --------------------------------------------------------------------------------------
 # Training runs that survive (ours), from chapters/training_runs.ipynb

@@ -4,7 +4,6 @@ GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
 `#| export` in chapters/training_runs.ipynb; change the page, then run `python code/export.py`.
 """
 
-import contextlib
 import copy
 import itertools
 import math
@@ -50,7 +49,14 @@ from distributed import (
 )
 from fast_decoding import fast_evaluate_bleu
 from hardware import hardware_description
-from precision import AMP_OF_PRECISION, PRECISIONS, autocast_dtype, native_bf16, tf32_matmuls
+from precision import (
+    AMP_OF_PRECISION,
+    PRECISIONS,
+    autocast_dtype,
+    mixed_precision,
+    native_bf16,
+    tf32_matmuls,
+)
 from profiles import RunConfig
 from run_folder import RunFolder, snapshot_paths
 from safe_files import atomic_file, write_json
@@ -93,8 +99,7 @@ def train_step_amp(
     loss averaged over `ntokens` target tokens (the batch's own by default). amp: an
     autocast dtype or None; scaler: a torch.amp.GradScaler, disabled unless amp is float16.
     Returns [loss, nll] summed over the batch, on the device."""
-    precision = torch.autocast(batch.src.device.type, amp) if amp else contextlib.nullcontext()
-    with precision:
+    with mixed_precision(batch.src.device.type, amp):
         loss, nll = forward_loss(model, batch, smoothing)
     scaler.scale(loss / (ntokens or batch.ntokens)).backward()
     scale = scaler.get_scale() if scaler.is_enabled() else None
