@@ -231,16 +231,16 @@ class MultiHeadedAttention(nn.Module):
 # 3.2.3 Applications of Attention in our Model, from chapters/03_2_3_applications_of_attention.ipynb
 # --------------------------------------------------------------------------------------
 
-def padding_mask(tokens, pad_idx):
+def padding_mask(tokens, pad_id):
     """(batch, seq) token ids -> (batch, 1, seq) bool, True at real tokens. Used by encoder
     self-attention and by encoder-decoder attention, so no query attends to padding."""
-    return (tokens != pad_idx).unsqueeze(-2)
+    return (tokens != pad_id).unsqueeze(-2)
 
 
-def target_mask(tgt, pad_idx):
+def target_mask(tgt, pad_id):
     """(batch, seq) target ids -> (batch, seq, seq) bool for masked decoder
     self-attention: neither padding nor later positions may be attended to."""
-    return padding_mask(tgt, pad_idx) & subsequent_mask(tgt.size(-1), tgt.device)
+    return padding_mask(tgt, pad_id) & subsequent_mask(tgt.size(-1), tgt.device)
 
 
 # --------------------------------------------------------------------------------------
@@ -722,11 +722,11 @@ class TrainConfig:
                 raise InputError(f"{name} must be {rule}, got {getattr(self, name)!r}")
 
 
-def rate(step, model_size, factor=1.0, *, warmup=4000):
+def rate(step, d_model, factor=1.0, *, warmup=4000):
     """Eq. (3): lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5), scaled by
     `factor`; step 0 counts as step 1 (the formula is undefined at 0)."""
     step = max(step, 1)
-    return factor * model_size**-0.5 * min(step**-0.5, step * warmup**-1.5)
+    return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
 def make_optimizer(model, d_model, factor=1.0, *, warmup=4000, weight_decay=0.0, **adamw):
@@ -745,18 +745,18 @@ def make_optimizer(model, d_model, factor=1.0, *, warmup=4000, weight_decay=0.0,
 class LabelSmoothing(nn.Module):
     """§5.4: label smoothing of value `smoothing` as Szegedy et al. (2016) define it: the
     target is 1 - smoothing on the correct token plus smoothing / size on every token;
-    positions whose target is padding_idx contribute nothing. forward(log-probs (n, size),
+    positions whose target is pad_id contribute nothing. forward(log-probs (n, size),
     target (n,)) -> summed KL divergence from that distribution to the prediction."""
 
-    def __init__(self, size, padding_idx, smoothing=0.0):
+    def __init__(self, size, pad_id, smoothing=0.0):
         super().__init__()
-        self.size, self.padding_idx, self.smoothing = size, padding_idx, smoothing
+        self.size, self.pad_id, self.smoothing = size, pad_id, smoothing
 
     def target_distribution(self, target, dtype=torch.float32):
         uniform = self.smoothing / self.size
         dist = torch.full((target.size(0), self.size), uniform, dtype=dtype, device=target.device)
         dist.scatter_(1, target.unsqueeze(1), 1.0 - self.smoothing + uniform)
-        return dist.masked_fill((target == self.padding_idx).unsqueeze(1), 0.0)
+        return dist.masked_fill((target == self.pad_id).unsqueeze(1), 0.0)
 
     def forward(self, log_probs, target):
         dist = self.target_distribution(target, log_probs.dtype)

@@ -546,11 +546,11 @@ def main(argv=None):
         "stored too, to show which findings hold from one snapshot to the next",
     )
     helpers.add_data_dir_flag(parser)
-    parser.add_argument("--beam-size", type=helpers.positive_int, default=4)
+    parser.add_argument("--beam-size", type=helpers.positive_int_flag, default=4)
     parser.add_argument("--alpha", type=helpers.non_negative_float, default=0.6)
     parser.add_argument(
         "--sample",
-        type=helpers.positive_int,
+        type=helpers.positive_int_flag,
         default=300,
         help="validation sentences for the head statistics",
     )

@@ -369,7 +369,7 @@ def peak_memory(work, device):
     return torch.cuda.max_memory_allocated(device)
 
 
-def summarize(row, measurements, memory=None, *, peak_flops=None):
+def summarise(row, measurements, memory=None, *, peak_flops=None):
     """The JSON record of a measured row; per round, the median call of its Measurement."""
     times = [m.median for m in measurements]
     median = statistics.median(times)
@@ -499,7 +499,7 @@ def run_config(bench, device, args, *, log):
             built, args.rounds, args.warmup, min_seconds=args.min_seconds, title=title, log=log
         )
         for row, measurements in zip(built, measured):
-            rows[row.key] = summarize(
+            rows[row.key] = summarise(
                 row, measurements, peak_memory(row.work, device), peak_flops=peak
             )
             table.append(Measurement(1, rows[row.key]["times_s"], measurements[0].task_spec))
@@ -518,7 +518,7 @@ def parse_args(argv=None):
     helpers.add_device_flag(parser)
     helpers.add_threads_flag(parser)
     add("--config", nargs="+", choices=list(CONFIGS), help="configurations (default: base)")
-    add("--rounds", type=helpers.positive_int, help="interleaved rounds per row (default 7)")
+    add("--rounds", type=helpers.positive_int_flag, help="interleaved rounds per row (default 7)")
     add("--warmup", type=helpers.non_negative_int, default=1,
         help="untimed calls per row before the rounds")  # fmt: skip
     add(

@@ -39,9 +39,11 @@ def parse_args(argv=None):
     parser.add_argument("--run", type=helpers.given_path, required=True, help="a finished run")
     parser.add_argument("--out", type=helpers.given_path, required=True, help="a JSON file")
     parser.add_argument(
-        "--steps", type=helpers.positive_int, default=60, help="timed updates per precision"
+        "--steps", type=helpers.positive_int_flag, default=60, help="timed updates per precision"
     )
-    parser.add_argument("--rounds", type=helpers.positive_int, default=5, help="interleaved rounds")
+    parser.add_argument(
+        "--rounds", type=helpers.positive_int_flag, default=5, help="interleaved rounds"
+    )
     helpers.add_data_dir_flag(parser)
     helpers.add_threads_flag(parser)
     return parser.parse_args(argv)

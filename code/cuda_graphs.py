@@ -69,11 +69,11 @@ def bucketed_batch(corpus, indices, buckets=BUCKETS, *, rows=None):
     return Batch.from_tensors(src, tgt, corpus.target_tokens(indices), pad_id=corpus.pad_id)
 
 
-def device_rate(step, model_size, factor=1.0, *, warmup=4000):
+def device_rate(step, d_model, factor=1.0, *, warmup=4000):
     """CUDA graphs: Eq. (3) as `rate` computes it, for a step count held in a tensor, computed
     where the tensor is; step 0 counts as step 1."""
     step = step.clamp(min=1)
-    return factor * model_size**-0.5 * torch.minimum(step.rsqrt(), step * warmup**-1.5)
+    return factor * d_model**-0.5 * torch.minimum(step.rsqrt(), step * warmup**-1.5)
 
 
 class DeviceSchedule:

@@ -62,14 +62,19 @@ def parse_args(argv=None):
     )
     helpers.add_data_dir_flag(parser)
     parser.add_argument(
-        "--average", type=helpers.positive_int, default=5, help="snapshots to average (§6.1: 5)"
+        "--average",
+        type=helpers.positive_int_flag,
+        default=5,
+        help="snapshots to average (§6.1: 5)",
     )
     helpers.add_device_flag(parser)
     parser.add_argument(
-        "--batch-size", type=helpers.positive_int, default=64, help="sentences per batch"
+        "--batch-size", type=helpers.positive_int_flag, default=64, help="sentences per batch"
     )
     parser.add_argument(
-        "--limit", type=helpers.positive_int, help="score only the first LIMIT sentences of a set"
+        "--limit",
+        type=helpers.positive_int_flag,
+        help="score only the first LIMIT sentences of a set",
     )
     parser.add_argument(
         "--alpha",

@@ -61,7 +61,7 @@ def integer_at_least(minimum):
     return parse
 
 
-positive_int = integer_at_least(1)
+positive_int_flag = integer_at_least(1)  # a flag's text, read as at.positive_int checks it
 non_negative_int = integer_at_least(0)
 
 
@@ -157,7 +157,7 @@ def add_threads_flag(parser, default=None):
     shown = "PyTorch's choice, one per core" if default is None else default
     parser.add_argument(
         "--threads",
-        type=positive_int,
+        type=positive_int_flag,
         default=default,
         help=f"CPU threads for PyTorch and the tokenizer (default: {shown})",
     )

@@ -50,7 +50,10 @@ def parse_args(argv=None):
     helpers.add_checkpoint_flag(parser)
     decoding = parser.add_mutually_exclusive_group()
     decoding.add_argument(
-        "--beam-size", type=helpers.positive_int, default=4, help="hypotheses kept (default: 4)"
+        "--beam-size",
+        type=helpers.positive_int_flag,
+        default=4,
+        help="hypotheses kept (default: 4)",
     )
     decoding.add_argument("--greedy", action="store_true", help="greedy decoding (beam 1)")
     parser.add_argument(
@@ -61,7 +64,7 @@ def parse_args(argv=None):
         "which evaluate.py records in it; 0.6, §6.1's, where none is recorded)",
     )
     parser.add_argument(
-        "--batch-size", type=helpers.positive_int, default=64, help="sentences per batch"
+        "--batch-size", type=helpers.positive_int_flag, default=64, help="sentences per batch"
     )
     helpers.add_device_flag(parser)
     helpers.add_threads_flag(parser)

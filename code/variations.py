@@ -340,11 +340,11 @@ def parse_args(argv=None):
         help="train every row with each of these seeds (default: 0 1 2)",
     )
     parser.add_argument(
-        "--beam-size", type=helpers.positive_int, help="1: greedy decoding for BLEU"
+        "--beam-size", type=helpers.positive_int_flag, help="1: greedy decoding for BLEU"
     )
     parser.add_argument(
         "--train-pairs",
-        type=helpers.positive_int,
+        type=helpers.positive_int_flag,
         help="train on the first this many pairs only (tests); recorded with each row",
     )
     helpers.add_device_flag(parser)

@@ -78,7 +78,7 @@ def parse_arm(text):
     """An argparse type for an arm: "6:400" -> (6, 400), layers >= 1 and warm-up steps >= 0."""
     N, _, warmup = text.partition(":")
     try:
-        return helpers.positive_int(N), helpers.non_negative_int(warmup)
+        return helpers.positive_int_flag(N), helpers.non_negative_int(warmup)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
             f"must be N:warmup, layers a positive integer and warm-up steps an integer >= 0 "
@@ -92,7 +92,7 @@ def main(argv=None):
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=helpers.given_path, required=True, help="the CSV to write")
-    count, seed = helpers.positive_int, helpers.non_negative_int
+    count, seed = helpers.positive_int_flag, helpers.non_negative_int
     parser.add_argument("--d-model", type=count, default=64)
     parser.add_argument("--peak-lr", type=helpers.positive_float, default=3e-3)
     parser.add_argument("--decay-from", type=count, default=400, help="W: Eq. (3)'s warmup_steps")

@@ -92,3 +92,34 @@ def test_no_call_spreads_a_tuple_over_a_wide_signature(path):
             if name in wide or name == "cls":
                 spread.append(f"line {node.lineno}: {ast.unparse(node)[:80]}")
     assert not spread, f"name the arguments instead of spreading a tuple: {spread}"
+
+
+# one name per idea: the name the book uses, and the synonyms it has dropped
+ONE_NAME = {
+    "pad_id": ("pad_idx", "padding_idx"),  # the padding token's id (PAD_ID)
+    "d_model": ("model_size",),  # the model's width, as the paper writes it
+    "summarise": ("summarize",),  # the book's spelling, as initialise
+}
+
+
+def names_in(tree):
+    """Every name a module defines or uses: functions, classes, parameters, variables,
+    attributes and keyword arguments."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            yield node.name
+        elif isinstance(node, ast.arg):
+            yield node.arg
+        elif isinstance(node, ast.Name):
+            yield node.id
+        elif isinstance(node, ast.Attribute):
+            yield node.attr
+        elif isinstance(node, ast.keyword) and node.arg:
+            yield node.arg
+
+
+@pytest.mark.parametrize("path", sorted(CODE.glob("*.py")), ids=lambda p: p.name)
+def test_one_name_per_idea(path):
+    used = set(names_in(ast.parse(path.read_text())))
+    dropped = {old: name for name, olds in ONE_NAME.items() for old in olds if old in used}
+    assert not dropped, f"use the book's name for each: {dropped}"

@@ -343,8 +343,8 @@ SHARED_FLAGS = ("--checkpoint", "--data-dir", "--device", "--threads")
 @pytest.mark.parametrize(
     "parse, text, value",
     [
-        (helpers.positive_int, "3", 3),
-        (helpers.positive_int, " 12 ", 12),
+        (helpers.positive_int_flag, "3", 3),
+        (helpers.positive_int_flag, " 12 ", 12),
         (helpers.non_negative_int, "0", 0),
         (helpers.non_negative_int, "7", 7),
     ],
@@ -356,11 +356,11 @@ def test_an_integer_flag_reads_its_text_as_an_int(parse, text, value):
 @pytest.mark.parametrize(
     "parse, text, message",
     [
-        (helpers.positive_int, "0", "must be a positive integer, got '0'"),
-        (helpers.positive_int, "-2", "must be a positive integer, got '-2'"),
-        (helpers.positive_int, "2.5", "must be a positive integer, got '2.5'"),
-        (helpers.positive_int, "True", "must be a positive integer, got 'True'"),
-        (helpers.positive_int, "", "must be a positive integer, got ''"),
+        (helpers.positive_int_flag, "0", "must be a positive integer, got '0'"),
+        (helpers.positive_int_flag, "-2", "must be a positive integer, got '-2'"),
+        (helpers.positive_int_flag, "2.5", "must be a positive integer, got '2.5'"),
+        (helpers.positive_int_flag, "True", "must be a positive integer, got 'True'"),
+        (helpers.positive_int_flag, "", "must be a positive integer, got ''"),
         (helpers.non_negative_int, "-1", "must be an integer >= 0, got '-1'"),
         (helpers.non_negative_int, "zero", "must be an integer >= 0, got 'zero'"),
     ],
@@ -378,7 +378,7 @@ def test_both_integer_types_hold_the_value_to_the_modules_one_rule(monkeypatch):
         return rule(name, value)
 
     monkeypatch.setattr(at, "positive_int", counted)
-    assert helpers.positive_int("3") == 3 and helpers.non_negative_int("0") == 0
+    assert helpers.positive_int_flag("3") == 3 and helpers.non_negative_int("0") == 0
     assert checked == [3, 1]  # >= 0: the value plus one is a positive integer
 
 

@@ -166,7 +166,7 @@ def test_the_optimizer_makes_adams_updates_with_the_papers_betas_and_rate_k_at_u
 
 
 def test_label_smoothing_distribution_is_szegedys():
-    criterion = at.LabelSmoothing(size=5, padding_idx=0, smoothing=0.2)
+    criterion = at.LabelSmoothing(size=5, pad_id=0, smoothing=0.2)
     dist = criterion.target_distribution(torch.tensor([3, 0, 4]))
     assert dist[0].tolist() == pytest.approx([0.04, 0.04, 0.04, 0.84, 0.04])
     assert dist[1].tolist() == [0] * 5  # a padding position has no target
@@ -197,7 +197,7 @@ def test_a_uniform_prediction_scores_ln_vocabulary_with_or_without_smoothing():
 
 
 def test_padding_positions_contribute_nothing_to_the_loss():
-    criterion = at.LabelSmoothing(size=6, padding_idx=0, smoothing=0.1)
+    criterion = at.LabelSmoothing(size=6, pad_id=0, smoothing=0.1)
     target = torch.tensor([3, 0, 5, 0])
     log_probs = torch.randn(4, 6).log_softmax(-1)
     changed = log_probs.clone()
@@ -206,7 +206,7 @@ def test_padding_positions_contribute_nothing_to_the_loss():
 
 
 def test_without_smoothing_the_loss_is_the_negative_log_likelihood():
-    criterion = at.LabelSmoothing(size=6, padding_idx=0, smoothing=0.0)
+    criterion = at.LabelSmoothing(size=6, pad_id=0, smoothing=0.0)
     target = torch.tensor([3, 0, 5, 1])
     log_probs = torch.randn(4, 6).log_softmax(-1)
     expected = F.nll_loss(log_probs, target, ignore_index=0, reduction="sum")
