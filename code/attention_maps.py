@@ -23,6 +23,7 @@ decoder self-attention.
 """
 
 import argparse
+import functools
 import itertools
 import json
 import pathlib
@@ -159,7 +160,7 @@ def extract(model, tokenizer, sentences, *, beam_size=4, alpha=0.6):
     return records
 
 
-LEXICON_PATH = pathlib.Path(__file__).with_name("lexicon_de_en.tsv")
+LEXICON_PATH = pathlib.Path(__file__).resolve().parent.parent / "data" / "lexicon_de_en.tsv"
 
 
 def read_lexicon(path=LEXICON_PATH):
@@ -175,13 +176,19 @@ def read_lexicon(path=LEXICON_PATH):
     return lexicon
 
 
-LEXICON = read_lexicon()
+@functools.cache
+def book_lexicon():
+    """The book's lexicon (LEXICON_PATH), read once, when first needed."""
+    return read_lexicon()
+
+
 PUNCTUATION = {".", ",", "</s>"}
 
 
-def aligned_pairs(source, target_output, lexicon=LEXICON):
+def aligned_pairs(source, target_output, lexicon=None):
     """(target position, [source positions]) for each output token that translates a
-    source token according to `lexicon`."""
+    source token according to `lexicon` (the book's when None)."""
+    lexicon = book_lexicon() if lexicon is None else lexicon
     pairs = []
     for t, token in enumerate(target_output):
         positions = [j for j, word in enumerate(source) if token.lower() in lexicon.get(word, ())]
@@ -217,7 +224,7 @@ def self_attention_statistics(weights, keys):
     ]
 
 
-def source_attention_statistics(weights, source, target_output, *, lexicon=LEXICON):
+def source_attention_statistics(weights, source, target_output, *, lexicon=None):
     """Per-head statistics of encoder-decoder weights (h, T, S): weight on punctuation and
     </s> (`punct_eos`), the largest weight of a row (`peak`), and for the output tokens that
     `lexicon` pairs with a source token, how often the head's largest weight falls on that

@@ -144,7 +144,7 @@ def test_lexicon_file_is_one_german_tab_english_pair_per_line():
         assert pair[1] == pair[1].lower(), pair
     assert len(set(pairs)) == len(pairs), "duplicate pairs"
     lexicon = attention_maps.read_lexicon()
-    assert attention_maps.LEXICON == lexicon
+    assert attention_maps.book_lexicon() == lexicon
     assert sorted((de, en) for de, ens in lexicon.items() for en in ens) == sorted(pairs)
     assert lexicon["Foto"] == {"picture", "photo"} and lexicon["Mann"] == {"man"}
 

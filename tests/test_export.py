@@ -413,3 +413,13 @@ def test_every_file_of_code_is_listed_by_contributing_and_holds_one_jobs_worth(p
     assert path.name in LONGER_BY_DESIGN or lines <= MODULE_LINES, (
         f"{path.name} has {lines} lines: file a job of it in a module of its own"
     )
+
+
+def test_code_holds_only_python_files():
+    """Data the code reads (the lexicon of chapter 7) lives in data/, results in results/."""
+    others = [
+        p.name
+        for p in export.MODULE.parent.iterdir()
+        if p.is_file() and p.suffix != ".py" and not p.name.startswith(".")
+    ]
+    assert not others, f"move these out of code/ (data/ or results/): {others}"
