@@ -84,13 +84,13 @@ class DeviceSchedule:
     cools the rate down over the last `share` of the run as annealed_rate does (the
     training-runs page), in a captured step too."""
 
-    def __init__(self, optimizer, d_model, factor=1.0, *, warmup=4000):
+    def __init__(self, optimizer, d_model, factor=1.0, *, warmup=4000, share=1.0):
         self.lr = optimizer.param_groups[0]["lr"]
         if not all(group["lr"] is self.lr for group in optimizer.param_groups):
             raise ValueError("every parameter group must read the same learning-rate tensor")
         self.steps = torch.zeros((), dtype=torch.float32, device=self.lr.device)
         self.last_step = torch.zeros((), dtype=torch.float32, device=self.lr.device)
-        self.d_model, self.factor, self.warmup, self.share = d_model, factor, warmup, 1.0
+        self.d_model, self.factor, self.warmup, self.share = d_model, factor, warmup, share
         self.step(advance=False)
 
     def step(self, advance=True):
@@ -113,11 +113,14 @@ class DeviceSchedule:
         self.plan(state.get("last_step", 0))
 
 
-def make_capturable_optimizer(model, d_model, factor=1.0, *, warmup=4000, weight_decay=0.0):
+def make_capturable_optimizer(
+    model, d_model, factor=1.0, *, warmup=4000, weight_decay=0.0, share=1.0
+):
     """CUDA graphs: make_optimizer's AdamW and Eq. (3) for a step that can be captured: fused
     (one kernel updates every parameter), its learning rate a float32 tensor on the
     parameters' device that a DeviceSchedule sets, capturable on a GPU (its step counts
-    stay there too). Returns (optimizer, schedule)."""
+    stay there too); share: the DeviceSchedule's, once a last step is planned. Returns
+    (optimizer, schedule)."""
     device = next(model.parameters()).device
     capturable = device.type == "cuda"
     optimizer, _ = make_optimizer(  # its Eq. (3) schedule is replaced below
@@ -132,7 +135,7 @@ def make_capturable_optimizer(model, d_model, factor=1.0, *, warmup=4000, weight
     lr = torch.zeros((), dtype=torch.float32, device=device)  # the fused kernel reads a float
     for group in optimizer.param_groups:
         group["lr"] = lr
-    return optimizer, DeviceSchedule(optimizer, d_model, factor, warmup=warmup)
+    return optimizer, DeviceSchedule(optimizer, d_model, factor, warmup=warmup, share=share)
 
 
 def capturable_step(model, optimizer, schedule, *, smoothing, amp=None):

@@ -69,11 +69,18 @@ def plan_last_step(state, context):
 
 
 def set_last_step(state, last_step):
-    """Tell the run's schedule, whichever kind it is, where its rate reaches 0; the rate of
-    the next update follows at once."""
-    state.last_step, schedule = last_step, state.scheduler
-    if not isinstance(schedule, torch.optim.lr_scheduler.LambdaLR):
-        return schedule.plan(last_step)
-    schedule.lr_lambdas[0].last_step = last_step
-    for group, base in zip(schedule.optimizer.param_groups, schedule.base_lrs):
-        group["lr"] = base * schedule.lr_lambdas[0](schedule.last_epoch)
+    """Tell the run's schedule (an AnnealedSchedule, or the CUDA graphs page's
+    DeviceSchedule) where its rate reaches 0; the rate of the next update follows at once."""
+    state.last_step = last_step
+    state.scheduler.plan(last_step)
+
+
+class AnnealedSchedule(torch.optim.lr_scheduler.LambdaLR):
+    """make_optimizer's schedule with an AnnealedRate: plan(last_step) fixes where the rate
+    reaches 0 and sets the next update's rate at once, as DeviceSchedule.plan does."""
+
+    def plan(self, last_step):
+        ramped = self.lr_lambdas[0]
+        ramped.last_step = last_step
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = base * ramped(self.last_epoch)

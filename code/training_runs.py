@@ -60,7 +60,7 @@ from precision import (
 from profiles import RunConfig
 from run_folder import RunFolder, snapshot_paths
 from safe_files import atomic_file, write_json
-from schedule import AnnealedRate, annealed_rate, plan_last_step, time_to_plan
+from schedule import AnnealedRate, AnnealedSchedule, annealed_rate, plan_last_step, time_to_plan
 
 # --------------------------------------------------------------------------------------
 # Training runs that survive (ours), from chapters/training_runs.ipynb
@@ -143,17 +143,18 @@ class RunState:
         (active only for float16 autocast)."""
         torch.manual_seed(config.seed)
         model = build_model(vocab, vocab, config.model).to(device)
-        d_model, decay = config.model.d_model, config.weight_decay
-        make = make_capturable_optimizer if cuda_graphs else make_optimizer
-        optimizer, scheduler = make(
-            model, d_model, config.lr_factor, warmup=config.warmup_steps, weight_decay=decay
-        )
+        d_model, factor = config.model.d_model, config.lr_factor
         anneal = getattr(config, "anneal", 0)  # chapter 5's TrainConfig does not anneal
-        if anneal and cuda_graphs:  # a DeviceSchedule anneals by itself
-            scheduler.share = anneal
-        elif anneal:
-            ramped = AnnealedRate(d_model, config.lr_factor, config.warmup_steps, share=anneal)
-            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, ramped)
+        adam = {"warmup": config.warmup_steps, "weight_decay": config.weight_decay}
+        if cuda_graphs:  # a DeviceSchedule cools its rate down by itself
+            optimizer, scheduler = make_capturable_optimizer(
+                model, d_model, factor, share=anneal or 1.0, **adam
+            )
+        else:
+            optimizer, scheduler = make_optimizer(model, d_model, factor, **adam)
+        if anneal and not cuda_graphs:
+            ramped = AnnealedRate(d_model, factor, config.warmup_steps, share=anneal)
+            scheduler = AnnealedSchedule(optimizer, ramped)
         scaler = torch.amp.GradScaler(torch.device(device).type, enabled=amp == torch.float16)
         return cls(model, optimizer, scheduler, scaler)
 

@@ -166,7 +166,8 @@ def describe(changes):
 
 
 def group_of(label):
-    return label[1] if label.startswith("(") else label
+    """The paper's group (base, A to E, big) of a row, by its label (Table3Row.label)."""
+    return {row.label: row.group for row in at.TABLE3_ROWS}[label]
 
 
 def run_variant(
