@@ -722,14 +722,14 @@ class TrainConfig:
                 raise InputError(f"{name} must be {rule}, got {getattr(self, name)!r}")
 
 
-def rate(step, d_model, factor=1.0, *, warmup=4000):
+def rate(step, d_model, lr_factor=1.0, *, warmup_steps=4000):
     """Eq. (3): lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5), scaled by
-    `factor`; step 0 counts as step 1 (the formula is undefined at 0)."""
+    `lr_factor`; step 0 counts as step 1 (the formula is undefined at 0)."""
     step = max(step, 1)
-    return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+    return lr_factor * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
 
 
-def make_optimizer(model, d_model, factor=1.0, *, warmup=4000, weight_decay=0.0, **adamw):
+def make_optimizer(model, d_model, lr_factor=1.0, *, warmup_steps=4000, weight_decay=0.0, **adamw):
     """§5.3: AdamW(β1 = 0.9, β2 = 0.98, ε = 1e-9) with the learning rate of Eq. (3); with
     weight_decay=0 (the paper's) it is Adam. The scheduler's k-th step (k = 0, 1, ...)
     sets the rate of update k + 1. Returns (optimizer, scheduler)."""
@@ -737,7 +737,7 @@ def make_optimizer(model, d_model, factor=1.0, *, warmup=4000, weight_decay=0.0,
         model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, weight_decay=weight_decay, **adamw
     )  # adamw: options beyond the paper's (the fused, capturable AdamW of CUDA graphs)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda k: rate(k + 1, d_model, factor, warmup=warmup)
+        optimizer, lambda k: rate(k + 1, d_model, lr_factor, warmup_steps=warmup_steps)
     )
     return optimizer, scheduler
 
@@ -804,7 +804,7 @@ def fit(config, corpus, vocab, *, schedule=None):
     config.max_steps updates. Returns (model, loss per target token of every update)."""
     torch.manual_seed(config.seed)
     model = build_model(vocab, vocab, config.model)
-    adam = {"warmup": config.warmup_steps, "weight_decay": config.weight_decay}
+    adam = {"warmup_steps": config.warmup_steps, "weight_decay": config.weight_decay}
     optimizer, scheduler = make_optimizer(model, config.model.d_model, config.lr_factor, **adam)
     if schedule:  # schedule(step): a rate other than Eq. (3)'s, as the warm-up ablation tries
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: schedule(k + 1))

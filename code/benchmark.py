@@ -277,7 +277,7 @@ def profile_rows(data, device, bf16):
             network,
             model.d_model,
             config.lr_factor,
-            warmup=config.warmup_steps,
+            warmup_steps=config.warmup_steps,
             weight_decay=config.weight_decay,
         )
         scaler = torch.amp.GradScaler(device.type, enabled=False)  # bf16 needs no scaling

@@ -69,11 +69,11 @@ def bucketed_batch(corpus, indices, buckets=BUCKETS, *, rows=None):
     return Batch.from_tensors(src, tgt, corpus.target_tokens(indices), pad_id=corpus.pad_id)
 
 
-def device_rate(step, d_model, factor=1.0, *, warmup=4000):
+def device_rate(step, d_model, lr_factor=1.0, *, warmup_steps=4000):
     """CUDA graphs: Eq. (3) as `rate` computes it, for a step count held in a tensor, computed
     where the tensor is; step 0 counts as step 1."""
     step = step.clamp(min=1)
-    return factor * d_model**-0.5 * torch.minimum(step.rsqrt(), step * warmup**-1.5)
+    return lr_factor * d_model**-0.5 * torch.minimum(step.rsqrt(), step * warmup_steps**-1.5)
 
 
 class DeviceSchedule:
@@ -84,22 +84,29 @@ class DeviceSchedule:
     cools the rate down over the last `share` of the run as annealed_rate does (the
     training-runs page), in a captured step too."""
 
-    def __init__(self, optimizer, d_model, factor=1.0, *, warmup=4000, share=1.0):
+    def __init__(self, optimizer, d_model, lr_factor=1.0, *, warmup_steps=4000, share=1.0):
         self.lr = optimizer.param_groups[0]["lr"]
         if not all(group["lr"] is self.lr for group in optimizer.param_groups):
             raise ValueError("every parameter group must read the same learning-rate tensor")
         self.steps = torch.zeros((), dtype=torch.float32, device=self.lr.device)
         self.last_step = torch.zeros((), dtype=torch.float32, device=self.lr.device)
-        self.d_model, self.factor, self.warmup, self.share = d_model, factor, warmup, share
+        self.d_model, self.lr_factor, self.warmup_steps, self.share = (
+            d_model,
+            lr_factor,
+            warmup_steps,
+            share,
+        )
         self.step(advance=False)
 
     def step(self, advance=True):
         if advance:
             self.steps += 1
         step, last = self.steps + 1, self.last_step
-        ramp = ((last - step) / (self.share * (last - self.warmup)).clamp(min=1)).clamp(0, 1)
+        ramp = ((last - step) / (self.share * (last - self.warmup_steps)).clamp(min=1)).clamp(0, 1)
         ramp = torch.where(last > 0, ramp, 1.0)  # 0: not planned, Eq. (3) alone
-        self.lr.copy_(device_rate(step, self.d_model, self.factor, warmup=self.warmup) * ramp)
+        self.lr.copy_(
+            device_rate(step, self.d_model, self.lr_factor, warmup_steps=self.warmup_steps) * ramp
+        )
 
     def plan(self, last_step):
         self.last_step.fill_(last_step)
@@ -114,7 +121,7 @@ class DeviceSchedule:
 
 
 def make_capturable_optimizer(
-    model, d_model, factor=1.0, *, warmup=4000, weight_decay=0.0, share=1.0
+    model, d_model, lr_factor=1.0, *, warmup_steps=4000, weight_decay=0.0, share=1.0
 ):
     """CUDA graphs: make_optimizer's AdamW and Eq. (3) for a step that can be captured: fused
     (one kernel updates every parameter), its learning rate a float32 tensor on the
@@ -126,8 +133,8 @@ def make_capturable_optimizer(
     optimizer, _ = make_optimizer(  # its Eq. (3) schedule is replaced below
         model,
         d_model,
-        factor,
-        warmup=warmup,
+        lr_factor,
+        warmup_steps=warmup_steps,
         weight_decay=weight_decay,
         fused=True,
         capturable=capturable,
@@ -135,7 +142,9 @@ def make_capturable_optimizer(
     lr = torch.zeros((), dtype=torch.float32, device=device)  # the fused kernel reads a float
     for group in optimizer.param_groups:
         group["lr"] = lr
-    return optimizer, DeviceSchedule(optimizer, d_model, factor, warmup=warmup, share=share)
+    return optimizer, DeviceSchedule(
+        optimizer, d_model, lr_factor, warmup_steps=warmup_steps, share=share
+    )
 
 
 def capturable_step(model, optimizer, schedule, *, smoothing, amp=None):

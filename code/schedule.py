@@ -18,29 +18,29 @@ class AnnealedRate:
     """anneal > 0: the rate of update k + 1 (a LambdaLR's k, as in make_optimizer) by
     annealed_rate; LambdaLR saves this object's fields, last_step among them."""
 
-    def __init__(self, d_model, factor, warmup, *, share, last_step=0):
-        self.d_model, self.factor, self.warmup = d_model, factor, warmup
+    def __init__(self, d_model, lr_factor, warmup_steps, *, share, last_step=0):
+        self.d_model, self.lr_factor, self.warmup_steps = d_model, lr_factor, warmup_steps
         self.share, self.last_step = share, last_step
 
     def __call__(self, k):
         return annealed_rate(
             k + 1,
             self.d_model,
-            self.factor,
-            warmup=self.warmup,
+            self.lr_factor,
+            warmup_steps=self.warmup_steps,
             last_step=self.last_step,
             share=self.share,
         )
 
 
-def annealed_rate(step, d_model, factor, *, warmup, last_step, share=1.0):
+def annealed_rate(step, d_model, lr_factor, *, warmup_steps, last_step, share=1.0):
     """Eq. (3)'s rate at `step`, times a cool-down: 1, then over the last `share` of the
     steps between warm-up and last_step a line falling to 0 at last_step (0: not planned
-    yet, the factor stays 1)."""
+    yet, the lr_factor stays 1)."""
     ramp = 1.0
     if last_step:
-        ramp = min(1.0, max(0.0, (last_step - step) / max(share * (last_step - warmup), 1)))
-    return rate(step, d_model, factor, warmup=warmup) * ramp
+        ramp = min(1.0, max(0.0, (last_step - step) / max(share * (last_step - warmup_steps), 1)))
+    return rate(step, d_model, lr_factor, warmup_steps=warmup_steps) * ramp
 
 
 def time_to_plan(state, config):

@@ -143,17 +143,17 @@ class RunState:
         (active only for float16 autocast)."""
         torch.manual_seed(config.seed)
         model = build_model(vocab, vocab, config.model).to(device)
-        d_model, factor = config.model.d_model, config.lr_factor
+        d_model, lr_factor = config.model.d_model, config.lr_factor
         anneal = getattr(config, "anneal", 0)  # chapter 5's TrainConfig does not anneal
-        adam = {"warmup": config.warmup_steps, "weight_decay": config.weight_decay}
+        adam = {"warmup_steps": config.warmup_steps, "weight_decay": config.weight_decay}
         if cuda_graphs:  # a DeviceSchedule cools its rate down by itself
             optimizer, scheduler = make_capturable_optimizer(
-                model, d_model, factor, share=anneal or 1.0, **adam
+                model, d_model, lr_factor, share=anneal or 1.0, **adam
             )
         else:
-            optimizer, scheduler = make_optimizer(model, d_model, factor, **adam)
+            optimizer, scheduler = make_optimizer(model, d_model, lr_factor, **adam)
         if anneal and not cuda_graphs:
-            ramped = AnnealedRate(d_model, factor, config.warmup_steps, share=anneal)
+            ramped = AnnealedRate(d_model, lr_factor, config.warmup_steps, share=anneal)
             scheduler = AnnealedSchedule(optimizer, ramped)
         scaler = torch.amp.GradScaler(torch.device(device).type, enabled=amp == torch.float16)
         return cls(model, optimizer, scheduler, scaler)
@@ -407,7 +407,7 @@ def train_epoch(state, context, model, *, bar, buckets=(1,), runner=None):
                 amp=context.amp,
             )
         else:  # the rate in the optimizer is a device tensor: the host computes its own copy
-            recipe = {"warmup": config.warmup_steps, "share": config.anneal}
+            recipe = {"warmup_steps": config.warmup_steps, "share": config.anneal}
             lr = annealed_rate(
                 state.step + 1,
                 config.model.d_model,

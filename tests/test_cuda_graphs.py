@@ -114,7 +114,9 @@ def test_the_capturable_step_and_the_cut_do_no_host_work():
     rows = torch.zeros(len(indices), dtype=torch.long, device="meta")
     with torch.device("meta"):
         model = make_model(VOCAB, VOCAB, N=1, d_model=16, d_ff=32, h=2)
-    optimizer, schedule = make_capturable_optimizer(model, 16, 1.0, warmup=10, weight_decay=0.1)
+    optimizer, schedule = make_capturable_optimizer(
+        model, 16, 1.0, warmup_steps=10, weight_decay=0.1
+    )
     assert optimizer.param_groups[0]["fused"] and schedule.lr.device.type == "meta"
     step = capturable_step(model, optimizer, schedule, smoothing=0.1)
     with fused_adamw_on_meta():
@@ -130,7 +132,9 @@ def test_the_capturable_step_and_the_cut_do_no_host_work():
 
 
 def test_the_device_learning_rate_is_eq_3():
-    optimizer, schedule = make_capturable_optimizer(torch.nn.Linear(3, 3), 512, 1.0, warmup=4000)
+    optimizer, schedule = make_capturable_optimizer(
+        torch.nn.Linear(3, 3), 512, 1.0, warmup_steps=4000
+    )
     assert all(group["lr"] is schedule.lr for group in optimizer.param_groups)
     assert schedule.lr.dtype == torch.float32
     # by hand: at step 4000 = warmup both terms are 4000^-0.5, times 512^-0.5
@@ -140,18 +144,20 @@ def test_the_device_learning_rate_is_eq_3():
     for update in range(1, 12001):
         if update in (1, 2, 3, 1000, 3999, 4000, 4001, 12000):
             assert schedule.lr.item() == pytest.approx(
-                rate(update, 512, 1.0, warmup=4000), rel=1e-6
+                rate(update, 512, 1.0, warmup_steps=4000), rel=1e-6
             )
         schedule.step()
     assert schedule.state_dict() == {"steps": 12000, "last_step": 0}
     # the optimizer reads it: Adam's first update moves each weight by the rate (g / |g|)
     layer = torch.nn.Linear(3, 3, bias=False)
-    optimizer, schedule = make_capturable_optimizer(layer, 64, 2.0, warmup=10)
+    optimizer, schedule = make_capturable_optimizer(layer, 64, 2.0, warmup_steps=10)
     before = layer.weight.detach().clone()
     layer.weight.grad = torch.full_like(before, 0.5)
     optimizer.step()
     moved = before - layer.weight.detach()
-    assert torch.allclose(moved, torch.full_like(before, rate(1, 64, 2.0, warmup=10)), rtol=1e-5)
+    assert torch.allclose(
+        moved, torch.full_like(before, rate(1, 64, 2.0, warmup_steps=10)), rtol=1e-5
+    )
 
 
 def test_the_runner_on_a_cpu_trains_as_train_step_does():
@@ -161,10 +167,10 @@ def test_the_runner_on_a_cpu_trains_as_train_step_does():
     torch.manual_seed(0)
     graphed = make_model(12, 12, N=1, d_model=32, d_ff=64, h=4, dropout=0.0)
     plain = copy.deepcopy(graphed)
-    optimizer, schedule = make_capturable_optimizer(graphed, 32, 1.0, warmup=100)
+    optimizer, schedule = make_capturable_optimizer(graphed, 32, 1.0, warmup_steps=100)
     runner = GraphedTrainStep(graphed, optimizer, schedule, smoothing=0.0)
     assert not runner.graphed
-    optimizer, scheduler = make_optimizer(plain, 32, 1.0, warmup=100)
+    optimizer, scheduler = make_optimizer(plain, 32, 1.0, warmup_steps=100)
     plan = [b for epoch in range(2) for b in batch_by_tokens(corpus.lengths, 120, seed=epoch)]
     losses, gradients = [], None
     for indices in plan[:25]:
@@ -205,9 +211,9 @@ def test_graphs_replay_the_steps_train_step_makes():
     torch.manual_seed(0)
     graphed = make_model(12, 12, N=1, d_model=32, d_ff=64, h=4, dropout=0.0).cuda()
     plain = copy.deepcopy(graphed)
-    optimizer, schedule = make_capturable_optimizer(graphed, 32, 1.0, warmup=100)
+    optimizer, schedule = make_capturable_optimizer(graphed, 32, 1.0, warmup_steps=100)
     runner = GraphedTrainStep(graphed, optimizer, schedule, smoothing=0.0)
-    optimizer, scheduler = make_optimizer(plain, 32, 1.0, warmup=100)
+    optimizer, scheduler = make_optimizer(plain, 32, 1.0, warmup_steps=100)
     short, long = list(range(0, 12)), list(range(16, 26))
     for indices in [short, long] * 6:
         ntokens = corpus.target_tokens(indices)

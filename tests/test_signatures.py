@@ -98,6 +98,7 @@ def test_no_call_spreads_a_tuple_over_a_wide_signature(path):
 ONE_NAME = {
     "pad_id": ("pad_idx", "padding_idx"),  # the padding token's id (PAD_ID)
     "d_model": ("model_size",),  # the model's width, as the paper writes it
+    "lr_factor": ("factor",),  # the learning rate's scale, as TrainConfig names it
     "summarise": ("summarize",),  # the book's spelling, as initialise
 }
 

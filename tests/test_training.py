@@ -78,20 +78,20 @@ def test_a_pair_longer_than_the_budget_gets_a_batch_of_its_own():
 
 def test_rate_is_equation_3():
     assert at.rate(0, 512) == at.rate(1, 512) == pytest.approx(512**-0.5 * 4000**-1.5)
-    assert at.rate(100, 512, warmup=4000) == pytest.approx(512**-0.5 * 100 * 4000**-1.5)
-    assert at.rate(16000, 512, warmup=4000) == pytest.approx(512**-0.5 * 16000**-0.5)
-    peak = max(range(1, 20000, 7), key=lambda s: at.rate(s, 512, warmup=4000))
+    assert at.rate(100, 512, warmup_steps=4000) == pytest.approx(512**-0.5 * 100 * 4000**-1.5)
+    assert at.rate(16000, 512, warmup_steps=4000) == pytest.approx(512**-0.5 * 16000**-0.5)
+    peak = max(range(1, 20000, 7), key=lambda s: at.rate(s, 512, warmup_steps=4000))
     assert abs(peak - 4000) <= 7
-    assert at.rate(4000, 512, factor=2.0) == pytest.approx(2 * 512**-0.5 * 4000**-0.5)
+    assert at.rate(4000, 512, lr_factor=2.0) == pytest.approx(2 * 512**-0.5 * 4000**-0.5)
 
 
 def test_warmup_ablation_schedules_differ_from_equation_3_only_before_its_warmup_steps():
     import warmup_ablation
 
-    peak = at.rate(400, 64, warmup=400)
+    peak = at.rate(400, 64, warmup_steps=400)
     paper, shorter, none = (warmup_ablation.schedule(peak, w, 400) for w in (400, 40, 0))
     for k in (1, 7, 39, 40, 399, 400, 401, 1000, 5000):
-        assert paper(k) == pytest.approx(at.rate(k, 64, warmup=400))
+        assert paper(k) == pytest.approx(at.rate(k, 64, warmup_steps=400))
     assert none(1) == shorter(40) == none(400) == pytest.approx(peak)
     assert shorter(4) == pytest.approx(peak / 10)
     assert none(1600) == shorter(1600) == pytest.approx(peak / 2)
@@ -149,7 +149,7 @@ def test_the_optimizer_makes_adams_updates_with_the_papers_betas_and_rate_k_at_u
     target = torch.randn(2, 3, dtype=torch.float64)
     p = model.weight.detach().clone()
     m, v = torch.zeros_like(p), torch.zeros_like(p)
-    optimizer, scheduler = at.make_optimizer(model, d_model=64, factor=1.0, warmup=10)
+    optimizer, scheduler = at.make_optimizer(model, d_model=64, lr_factor=1.0, warmup_steps=10)
     for k in range(1, 4):
         ((model.weight - target) ** 2).sum().backward()  # gradient 2 (w - target)
         optimizer.step()
@@ -364,18 +364,21 @@ def test_the_annealed_rate_is_eq_3_until_warmup_ends_then_falls_on_a_line_to_zer
     d_model, factor, warmup, last = 256, 0.33, 400, 2400
     for step in (1, 100, 399, 400):  # warm-up: Eq. (3) itself, planned or not
         assert schedule.annealed_rate(
-            step, d_model, factor, warmup=warmup, last_step=last
-        ) == at.rate(step, d_model, factor, warmup=warmup)
+            step, d_model, factor, warmup_steps=warmup, last_step=last
+        ) == at.rate(step, d_model, factor, warmup_steps=warmup)
     # by hand: halfway from 400 to 2400, Eq. (3)'s 1400^-0.5 branch times one half
     halfway = factor * d_model**-0.5 * 1400**-0.5 * 0.5
     assert schedule.annealed_rate(
-        1400, d_model, factor, warmup=warmup, last_step=last
+        1400, d_model, factor, warmup_steps=warmup, last_step=last
     ) == pytest.approx(halfway)
-    assert schedule.annealed_rate(last, d_model, factor, warmup=warmup, last_step=last) == 0.0
-    assert schedule.annealed_rate(last + 50, d_model, factor, warmup=warmup, last_step=last) == 0.0
-    assert schedule.annealed_rate(1400, d_model, factor, warmup=warmup, last_step=0) == at.rate(
-        1400, d_model, factor, warmup=warmup
+    assert schedule.annealed_rate(last, d_model, factor, warmup_steps=warmup, last_step=last) == 0.0
+    assert (
+        schedule.annealed_rate(last + 50, d_model, factor, warmup_steps=warmup, last_step=last)
+        == 0.0
     )
+    assert schedule.annealed_rate(
+        1400, d_model, factor, warmup_steps=warmup, last_step=0
+    ) == at.rate(1400, d_model, factor, warmup_steps=warmup)
 
 
 def test_the_plain_and_the_device_schedule_anneal_alike_once_planned():
@@ -390,7 +393,7 @@ def test_the_plain_and_the_device_schedule_anneal_alike_once_planned():
             schedule.set_last_step(plain, 40)
             schedule.set_last_step(graphed, 40)
         planned = 40 if done >= 12 else 0
-        expected = at.rate(done + 1, d_model, factor, warmup=10) * (
+        expected = at.rate(done + 1, d_model, factor, warmup_steps=10) * (
             min(1.0, (40 - done - 1) / (0.5 * 30)) if planned else 1.0
         )
         assert plain.optimizer.param_groups[0]["lr"] == pytest.approx(expected, rel=1e-6)
@@ -439,8 +442,10 @@ def test_an_annealed_budget_ends_at_its_plan_with_the_rate_at_zero(tmp_path, one
     # the checkpoint before is step 30
     d_model = config.model.d_model
     assert len(history) == 30 and history[-1]["lr"] == 0.0
-    assert history[9]["lr"] == pytest.approx(at.rate(10, d_model, config.lr_factor, warmup=10))
-    expected = at.rate(20, d_model, config.lr_factor, warmup=10) * (30 - 20) / (30 - 10)
+    assert history[9]["lr"] == pytest.approx(
+        at.rate(10, d_model, config.lr_factor, warmup_steps=10)
+    )
+    expected = at.rate(20, d_model, config.lr_factor, warmup_steps=10) * (30 - 20) / (30 - 10)
     assert history[19]["lr"] == pytest.approx(expected)
 
 
@@ -850,7 +855,7 @@ def test_the_schedule_does_not_advance_when_the_fp16_scaler_skips_an_update():
     )  # fmt: skip
     assert all(torch.equal(a, b) for a, b in zip(parameters(run.model), before))  # skipped
     assert run.scheduler.last_epoch == 0
-    assert run.optimizer.param_groups[0]["lr"] == at.rate(1, d_model, factor, warmup=warmup)
+    assert run.optimizer.param_groups[0]["lr"] == at.rate(1, d_model, factor, warmup_steps=warmup)
     run.scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
     training.train_step_amp(
         run.model, tiny_batch(), run.optimizer,
@@ -858,7 +863,7 @@ def test_the_schedule_does_not_advance_when_the_fp16_scaler_skips_an_update():
     )  # fmt: skip
     assert not all(torch.equal(a, b) for a, b in zip(parameters(run.model), before))  # made
     assert run.scheduler.last_epoch == 1
-    assert run.optimizer.param_groups[0]["lr"] == at.rate(2, d_model, factor, warmup=warmup)
+    assert run.optimizer.param_groups[0]["lr"] == at.rate(2, d_model, factor, warmup_steps=warmup)
 
 
 def test_a_resume_in_another_precision_is_refused_and_fastest_keeps_the_saved_one(
