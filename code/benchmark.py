@@ -36,6 +36,7 @@ import fast_decoding as fd
 import profiles
 import safe_files
 import script_helpers as helpers
+import timing
 import training_runs as training
 from flops import bf16_peak_flops, forward_flops, real_token_flops, training_flops
 from hardware import hardware_description
@@ -351,13 +352,18 @@ def measure(rows, rounds, warmup, *, min_seconds, title="", log=print):
     ]  # fmt: skip
     for row in rows * warmup:  # A B C A B C ...
         row.work()
-    measured = [[] for _ in rows]
-    for r in range(rounds):
-        for i in range(len(rows)):
-            j = (r + i) % len(rows)
-            measured[j].append(timers[j].blocked_autorange(min_run_time=min_seconds))
-        log(f"  round {r + 1}/{rounds}: " + ", ".join(f"{m[-1].median:.4f}" for m in measured))
-    return measured
+
+    def progress(r, found):
+        medians = ", ".join(f"{found[j][-1].median:.4f}" for j in range(len(rows)))
+        log(f"  round {r + 1}/{rounds}: {medians}")
+
+    found = timing.interleaved_rounds(
+        dict(enumerate(timers)),
+        rounds=rounds,
+        measure=lambda timer, r: timer.blocked_autorange(min_run_time=min_seconds),
+        after_round=progress,
+    )
+    return [found[j] for j in range(len(rows))]
 
 
 def peak_memory(work, device):

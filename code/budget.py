@@ -23,6 +23,7 @@ import annotated_transformer as at
 import profiles
 import safe_files
 import script_helpers as helpers
+import timing
 import training_runs as training
 from cuda_graphs import bucketed_batch
 from hardware import hardware_description
@@ -76,18 +77,24 @@ def update_parts(config, corpus, vocab, *, steps, rounds):
         epoch += 1
     states = {name: training.RunState.new(config, vocab, amp=amp) for name, amp in amps.items()}
     times = {name: {part: [] for part in PARTS} for name in amps}
-    position = 0
     for name, amp in amps.items():  # untimed: the first calls allocate and plan
         for group in updates[:5]:
             timed_update(states[name], group[0], corpus, smoothing=config.smoothing, amp=amp)
-    for _ in range(rounds):
-        for name, amp in amps.items():
-            for group in updates[5 + position : 5 + position + per_round]:
-                for part, seconds in timed_update(
-                    states[name], group[0], corpus, smoothing=config.smoothing, amp=amp
-                ).items():
-                    times[name][part].append(seconds)
-        position += per_round
+
+    def round_of_updates(name, r):  # round r's updates of one precision, split into parts
+        start, amp = 5 + r * per_round, amps[name]
+        return [
+            timed_update(states[name], group[0], corpus, smoothing=config.smoothing, amp=amp)
+            for group in updates[start : start + per_round]
+        ]
+
+    found = timing.interleaved_rounds(
+        {name: name for name in amps}, rounds=rounds, measure=round_of_updates
+    )
+    for name, per_round_parts in found.items():
+        for parts in (p for one_round in per_round_parts for p in one_round):
+            for part, seconds in parts.items():
+                times[name][part].append(seconds)
     return {
         name: {part: statistics.median(values) for part, values in parts.items()}
         for name, parts in times.items()

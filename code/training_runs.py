@@ -5,6 +5,7 @@ GENERATED FILE, DO NOT EDIT. code/export.py writes it from the cells marked
 """
 
 import copy
+import functools
 import itertools
 import math
 import pathlib
@@ -61,6 +62,7 @@ from profiles import RunConfig
 from run_folder import RunFolder, snapshot_paths
 from safe_files import atomic_file, write_json
 from schedule import AnnealedRate, AnnealedSchedule, annealed_rate, plan_last_step, time_to_plan
+from timing import interleaved_rounds, seconds_of_one_call
 
 # --------------------------------------------------------------------------------------
 # Training runs that survive (ours), from chapters/training_runs.ipynb
@@ -69,26 +71,27 @@ from schedule import AnnealedRate, AnnealedSchedule, annealed_rate, plan_last_st
 def race_precisions(config, corpus, vocab, *, rounds=5):
     """float32 (None) or bfloat16, whichever trains this recipe faster on this CPU: a
     scratch model in each takes one warm-up update, then `rounds` rounds in which the two
-    take turns, one timed update each on the same batch of the run's first epoch; the
-    faster median wins, so that a moment's slowdown of the machine decides nothing.
+    take turns (interleaved_rounds), one timed update each on the same batch of the run's
+    first epoch; the faster median wins, so that a moment's slowdown decides nothing.
     Without native bfloat16, float32, untimed. The random state is left as it was."""
     if not native_bf16("cpu"):
         return None
     plan = epoch_updates(corpus, config, epoch=0)[: rounds + 1]
     batches = [corpus.batch(indices) for indices, *_ in plan]
-    seconds = {None: [], torch.bfloat16: []}
     with torch.random.fork_rng():
-        runs = {amp: RunState.new(config, vocab, amp=amp) for amp in seconds}
-        for i in range(rounds + 1):  # round 0 warms each up, untimed
-            batch = batches[i % len(batches)]  # a short epoch repeats its batches
-            for amp, run in runs.items():
-                started = time.perf_counter()
-                parts = {"scheduler": run.scheduler, "scaler": run.scaler}
-                train_step_amp(
-                    run.model, batch, run.optimizer, **parts, smoothing=config.smoothing, amp=amp
-                ).tolist()
-                if i:
-                    seconds[amp].append(time.perf_counter() - started)
+        runs = {amp: RunState.new(config, vocab, amp=amp) for amp in (None, torch.bfloat16)}
+
+        def update(amp, i):  # on the i-th batch; a short epoch repeats its batches
+            run, batch = runs[amp], batches[i % len(batches)]
+            parts = {"scheduler": run.scheduler, "scaler": run.scaler}
+            train_step_amp(
+                run.model, batch, run.optimizer, **parts, smoothing=config.smoothing, amp=amp
+            ).tolist()  # read back: the update is done when the clock stops
+
+        for amp in runs:  # one untimed warm-up update each
+            update(amp, 0)
+        timed = {amp: functools.partial(lambda amp, r: update(amp, r + 1), amp) for amp in runs}
+        seconds = interleaved_rounds(timed, rounds=rounds, measure=seconds_of_one_call)
     return min(seconds, key=lambda amp: statistics.median(seconds[amp]))
 
 

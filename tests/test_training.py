@@ -24,6 +24,7 @@ import profiles
 import run_folder
 import safe_files
 import schedule
+import timing
 import training_runs as training
 from cuda_graphs import bucketed_batch
 from host_work import host_work
@@ -893,7 +894,7 @@ def fake_race_clock(monkeypatch, seconds_of):
     seconds_of(amp, calls) (calls: the precisions of the updates so far, this one included),
     with native bfloat16. Returns (clock, calls, race), race() racing TINY on the toy pairs."""
     clock, calls = [0.0], []
-    monkeypatch.setattr(training.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])  # the race's clock
     original = training.train_step_amp
 
     def timed(*args, amp=None, **kwargs):
@@ -918,7 +919,8 @@ def test_a_moment_of_slowdown_during_the_race_does_not_flip_it(monkeypatch):
 
     _, calls, race = fake_race_clock(monkeypatch, seconds_of)
     assert race() is torch.bfloat16
-    assert calls == [None, torch.bfloat16] * 6  # turns: a warm-up round, then 5 timed ones
+    # a warm-up update each, then 5 rounds of turns, each starting with the other precision
+    assert calls == [None, torch.bfloat16] * 2 + [torch.bfloat16, None, None, torch.bfloat16] * 2
 
 
 @pytest.mark.parametrize("slower", [None, torch.bfloat16])
