@@ -10,7 +10,7 @@ import copy
 import gzip
 import math
 import pathlib
-from dataclasses import dataclass, fields, replace
+from dataclasses import KW_ONLY, dataclass, fields, replace
 
 import sacrebleu
 import torch
@@ -378,7 +378,7 @@ class LearnedPositionalEmbedding(PositionalEncoding):
 # 3.6 (ours) The Full Model, from chapters/03_6_full_model.ipynb
 # --------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """The architecture's hyperparameters, named as in Table 3: the base model's by default.
 
@@ -601,6 +601,7 @@ class Batch:
     src: torch.Tensor  # (batch, seq_src)
     tgt_in: torch.Tensor  # (batch, seq_tgt): <s> y_1 ... y_{m-1}
     tgt_y: torch.Tensor  # (batch, seq_tgt): y_1 ... y_m </s>
+    _: KW_ONLY  # the rest by name
     src_mask: torch.Tensor  # (batch, 1, seq_src)
     tgt_mask: torch.Tensor  # (batch, seq_tgt, seq_tgt)
     ntokens: int | torch.Tensor
@@ -678,7 +679,7 @@ def numeric(v):
     return isinstance(v, int | float) and not isinstance(v, bool)  # True is an int in Python
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """The recipe of §5 for one training run: the architecture and how it is trained.
 
@@ -1138,6 +1139,7 @@ class Table3Row:
 
     group: str
     changes: dict
+    _: KW_ONLY  # the paper's figures by name
     ppl: float
     bleu: float
     params_m: float | None = None
@@ -1152,32 +1154,32 @@ class Table3Row:
 
 
 TABLE3_ROWS = (
-    Table3Row("base", {}, 4.92, 25.8, 65),
-    Table3Row("A", {"h": 1, "d_k": 512, "d_v": 512}, 5.29, 24.9),
-    Table3Row("A", {"h": 4, "d_k": 128, "d_v": 128}, 5.00, 25.5),
-    Table3Row("A", {"h": 16, "d_k": 32, "d_v": 32}, 4.91, 25.8),
-    Table3Row("A", {"h": 32, "d_k": 16, "d_v": 16}, 5.01, 25.4),
-    Table3Row("B", {"d_k": 16}, 5.16, 25.1, 58),
-    Table3Row("B", {"d_k": 32}, 5.01, 25.4, 60),
-    Table3Row("C", {"N": 2}, 6.11, 23.7, 36),
-    Table3Row("C", {"N": 4}, 5.19, 25.3, 50),
-    Table3Row("C", {"N": 8}, 4.88, 25.5, 80),
-    Table3Row("C", {"d_model": 256, "d_k": 32, "d_v": 32}, 5.75, 24.5, 28),
-    Table3Row("C", {"d_model": 1024, "d_k": 128, "d_v": 128}, 4.66, 26.0, 168),
-    Table3Row("C", {"d_ff": 1024}, 5.12, 25.4, 53),
-    Table3Row("C", {"d_ff": 4096}, 4.75, 26.2, 90),
-    Table3Row("D", {"dropout": 0.0}, 5.77, 24.6),
-    Table3Row("D", {"dropout": 0.2}, 4.95, 25.5),
-    Table3Row("D", {"smoothing": 0.0}, 4.67, 25.3),
-    Table3Row("D", {"smoothing": 0.2}, 5.47, 25.7),
-    Table3Row("E", {"positions": "learned"}, 4.92, 25.7),
+    Table3Row("base", {}, ppl=4.92, bleu=25.8, params_m=65),
+    Table3Row("A", {"h": 1, "d_k": 512, "d_v": 512}, ppl=5.29, bleu=24.9),
+    Table3Row("A", {"h": 4, "d_k": 128, "d_v": 128}, ppl=5.00, bleu=25.5),
+    Table3Row("A", {"h": 16, "d_k": 32, "d_v": 32}, ppl=4.91, bleu=25.8),
+    Table3Row("A", {"h": 32, "d_k": 16, "d_v": 16}, ppl=5.01, bleu=25.4),
+    Table3Row("B", {"d_k": 16}, ppl=5.16, bleu=25.1, params_m=58),
+    Table3Row("B", {"d_k": 32}, ppl=5.01, bleu=25.4, params_m=60),
+    Table3Row("C", {"N": 2}, ppl=6.11, bleu=23.7, params_m=36),
+    Table3Row("C", {"N": 4}, ppl=5.19, bleu=25.3, params_m=50),
+    Table3Row("C", {"N": 8}, ppl=4.88, bleu=25.5, params_m=80),
+    Table3Row("C", {"d_model": 256, "d_k": 32, "d_v": 32}, ppl=5.75, bleu=24.5, params_m=28),
+    Table3Row("C", {"d_model": 1024, "d_k": 128, "d_v": 128}, ppl=4.66, bleu=26.0, params_m=168),
+    Table3Row("C", {"d_ff": 1024}, ppl=5.12, bleu=25.4, params_m=53),
+    Table3Row("C", {"d_ff": 4096}, ppl=4.75, bleu=26.2, params_m=90),
+    Table3Row("D", {"dropout": 0.0}, ppl=5.77, bleu=24.6),
+    Table3Row("D", {"dropout": 0.2}, ppl=4.95, bleu=25.5),
+    Table3Row("D", {"smoothing": 0.0}, ppl=4.67, bleu=25.3),
+    Table3Row("D", {"smoothing": 0.2}, ppl=5.47, bleu=25.7),
+    Table3Row("E", {"positions": "learned"}, ppl=4.92, bleu=25.7),
     Table3Row(
         "big",
         {"d_model": 1024, "d_ff": 4096, "h": 16, "dropout": 0.3},
-        4.33,
-        26.4,
-        213,
-        300_000,
+        ppl=4.33,
+        bleu=26.4,
+        params_m=213,
+        steps=300_000,
     ),
 )
 

@@ -25,7 +25,7 @@ import statistics
 import sys
 import time
 from collections import namedtuple
-from dataclasses import asdict, dataclass, replace
+from dataclasses import KW_ONLY, asdict, dataclass, replace
 
 import torch
 from torch.utils.benchmark import Compare, Measurement, Timer
@@ -58,6 +58,7 @@ class BenchConfig:
 
     name: str
     model: at.ModelConfig
+    _: KW_ONLY  # the rest by name
     vocab: int = 8000
     batch: int = 32
     seq: int = 30
@@ -73,6 +74,7 @@ class ProfileBench:
     name: str
     profile: str
     corpus: str
+    _: KW_ONLY  # the rest by name
     batches: int = 4
 
 
@@ -86,9 +88,13 @@ CONFIGS = {
     "multi30k": ProfileBench("multi30k", "multi30k", "multi30k"),
     # every code path in seconds: for --quick and the tests, not for conclusions
     "tiny": BenchConfig(
-        "tiny", replace(profiles.PROFILES["tiny"].model, share_embeddings=False), 64, 4, 6
+        "tiny",
+        replace(profiles.PROFILES["tiny"].model, share_embeddings=False),
+        vocab=64,
+        batch=4,
+        seq=6,
     ),
-    "tiny-profile": ProfileBench("tiny-profile", "tiny", "stand-in", 2),
+    "tiny-profile": ProfileBench("tiny-profile", "tiny", "stand-in", batches=2),
 }
 QUICK = ["tiny", "tiny-profile"]
 
@@ -217,6 +223,7 @@ class ProfileData:
     config: at.TrainConfig
     tokenizer: at.Tokenizer
     corpus: at.EncodedCorpus
+    _: KW_ONLY  # the rest by name
     chosen: list
     record: dict
 
@@ -255,7 +262,7 @@ def profile_data(bench, cache=None, *, data_dir=None):
         "epoch_batches": epoch,
         "batches": [describe(indices) for indices in chosen],
     }
-    return ProfileData(config, tokenizer, corpus, chosen, record)
+    return ProfileData(config, tokenizer, corpus, chosen=chosen, record=record)
 
 
 def profile_rows(data, device, bf16):

@@ -174,7 +174,7 @@ def capturable_step(model, optimizer, schedule, *, smoothing, amp=None):
     return step
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StaticStep:
     """CUDA graphs: a batch shape's input buffers, its output, and its graph once captured."""
 
@@ -220,9 +220,8 @@ class GraphedTrainStep:
         if key not in self.shapes:
             ntokens, sums = torch.zeros((), device=self.device), torch.zeros(2, device=self.device)
             causal = self.causal(tgt.size(1) - 1)
-            self.shapes[key] = StaticStep(
-                torch.empty_like(src), torch.empty_like(tgt), ntokens, causal, sums
-            )
+            inputs = {"src": torch.empty_like(src), "tgt": torch.empty_like(tgt)}
+            self.shapes[key] = StaticStep(**inputs, ntokens=ntokens, causal=causal, sums=sums)
         return self.shapes[key]
 
     def __call__(self, src, tgt, ntokens):

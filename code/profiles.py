@@ -23,7 +23,7 @@ RUN_LENGTH_FIELDS = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunConfig(TrainConfig):
     """A training run: the recipe of §5 (TrainConfig, chapter 5) and how the run goes on.
     The fields in RUN_LENGTH_FIELDS may change when a run is resumed; every other field

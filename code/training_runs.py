@@ -122,7 +122,7 @@ def corpus_on(corpus, device):
     return moved
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunState:
     """What a run has built and done so far: all that a checkpoint saves."""
 
@@ -159,10 +159,10 @@ class RunState:
             ramped = AnnealedRate(d_model, lr_factor, config.warmup_steps, share=anneal)
             scheduler = AnnealedSchedule(optimizer, ramped)
         scaler = torch.amp.GradScaler(torch.device(device).type, enabled=amp == torch.float16)
-        return cls(model, optimizer, scheduler, scaler)
+        return cls(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunContext:
     """What stays fixed while a run trains: its recipe, folder, data and processes."""
 

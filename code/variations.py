@@ -44,7 +44,7 @@ import script_helpers as helpers
 import training_runs as training
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Scale:
     """A base configuration, each Table 3 row's change at that size (by the paper's label;
     rows missing here are not run), and how the runs are scored."""

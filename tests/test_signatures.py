@@ -124,3 +124,42 @@ def test_one_name_per_idea(path):
     used = set(names_in(ast.parse(path.read_text())))
     dropped = {old: name for name, olds in ONE_NAME.items() for old in olds if old in used}
     assert not dropped, f"use the book's name for each: {dropped}"
+
+
+def too_positional_records(text):
+    """Dataclasses of more than three fields that let a caller fill a fourth by position:
+    neither kw_only=True nor a `_: KW_ONLY` marker after at most three fields."""
+    found = []
+    for node in ast.parse(text).body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        decorators = [d for d in node.decorator_list if "dataclass" in ast.unparse(d)]
+        if not decorators:
+            continue
+        keyword_only = any("kw_only=True" in ast.unparse(d) for d in decorators)
+        fields = [item for item in node.body if isinstance(item, ast.AnnAssign)]
+        marked = (
+            [ast.unparse(item.annotation) for item in fields].index("KW_ONLY")
+            if any(ast.unparse(item.annotation) == "KW_ONLY" for item in fields)
+            else len(fields)
+        )
+        if len(fields) > POSITIONAL and not keyword_only and marked > POSITIONAL:
+            found.append(node.name)
+    return found
+
+
+def test_the_record_rule_on_known_dataclasses():
+    source = (
+        "@dataclass\nclass Four:\n    a: int\n    b: int\n    c: int\n    d: int\n"
+        "@dataclass(kw_only=True)\nclass Named:\n    a: int\n    b: int\n    c: int\n    d: int\n"
+        "@dataclass\nclass Marked:\n    a: int\n    _: KW_ONLY\n    b: int\n    c: int\n"
+        "    d: int\n"
+        "@dataclass\nclass Three:\n    a: int\n    b: int\n    c: int\n"
+    )
+    assert too_positional_records(source) == ["Four"]
+
+
+@pytest.mark.parametrize("path", sorted(CODE.glob("*.py")), ids=lambda p: p.name)
+def test_records_of_more_than_three_fields_take_the_rest_by_keyword(path):
+    found = too_positional_records(path.read_text())
+    assert not found, f"add kw_only=True or a `_: KW_ONLY` after three fields: {found}"
