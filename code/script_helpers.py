@@ -26,6 +26,7 @@ import tokenizers as hf_tokenizers
 import torch
 
 import annotated_transformer as at
+import multi30k_files
 import profiles
 import safe_files
 
@@ -176,9 +177,9 @@ def own_folder(out, run):
 
 def users_to_fix(error):
     """Whether `error` is the user's to fix from what they typed or pointed at: a bad value
-    (at.InputError), missing or damaged data (safe_files.DatasetError), or a file-system error on
-    a path or a disk. Any other error is a bug, and keeps its traceback."""
-    return isinstance(error, (at.InputError, safe_files.DatasetError, *PATH_ERRORS)) or (
+    (at.InputError), missing or damaged data (multi30k_files.DatasetError), or a file-system
+    error on a path or a disk. Any other error is a bug, and keeps its traceback."""
+    return isinstance(error, (at.InputError, multi30k_files.DatasetError, *PATH_ERRORS)) or (
         isinstance(error, OSError) and (error.filename is not None or error.errno in DISK_ERRNOS)
     )
 
@@ -327,8 +328,8 @@ def log_to(path, echo=print):
 
 def load_multi30k(split, *, data_dir=None):
     """The (German, English) pairs of one Multi30k split, as the scripts take them: chapter 5's
-    read_multi30k on the folder that safe_files.multi30k_folder has verified."""
-    return at.read_multi30k(safe_files.multi30k_folder(data_dir), split)
+    read_multi30k on the folder that multi30k_files.multi30k_folder has verified."""
+    return at.read_multi30k(multi30k_files.multi30k_folder(data_dir), split)
 
 
 def read_csv(path):

@@ -11,6 +11,7 @@ import shutil
 import pytest
 
 import annotated_transformer as at
+import multi30k_files
 import safe_files
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -28,7 +29,7 @@ def load_multi30k(split, src_lang="de", tgt_lang="en", data_dir=None, base_url=N
     """A split's pairs from the verified folder, as chapter 5 reads them."""
     url = {} if base_url is None else {"base_url": base_url}
     return at.read_multi30k(
-        safe_files.multi30k_folder(data_dir, **url), split, src_lang, tgt_lang=tgt_lang
+        multi30k_files.multi30k_folder(data_dir, **url), split, src_lang, tgt_lang=tgt_lang
     )
 
 
@@ -42,7 +43,7 @@ def isolated(tmp_path, monkeypatch):
 
 def copy_of_data(folder, corrupt=None):
     folder.mkdir(parents=True, exist_ok=True)
-    for name in safe_files.MULTI30K_SHA256:
+    for name in multi30k_files.MULTI30K_SHA256:
         shutil.copy(LOCAL_COPY / name, folder / name)
     if corrupt:
         data = bytearray((folder / corrupt).read_bytes())
@@ -94,7 +95,7 @@ def test_read_multi30k_refuses_files_that_are_not_aligned(tmp_path):
 
 @needs_data
 def test_the_verified_folder_holds_all_six_files(isolated):
-    assert safe_files.multi30k_folder(data_dir=LOCAL_COPY) == LOCAL_COPY
+    assert multi30k_files.multi30k_folder(data_dir=LOCAL_COPY) == LOCAL_COPY
     assert load_multi30k("val", data_dir=LOCAL_COPY) == at.read_multi30k(LOCAL_COPY, "val")
 
 
@@ -119,14 +120,14 @@ def test_environment_variable_points_at_the_local_copy(isolated, monkeypatch):
 
 
 def test_missing_local_file_says_what_to_set(isolated):
-    with pytest.raises(safe_files.DatasetError, match=r"train\.de\.gz.*MULTI30K_DIR"):
+    with pytest.raises(multi30k_files.DatasetError, match=r"train\.de\.gz.*MULTI30K_DIR"):
         load_multi30k("val", data_dir=isolated / "empty")
 
 
 @needs_data
 def test_corrupt_local_file_is_refused(isolated):
     folder = copy_of_data(isolated / "copy", corrupt="val.en.gz")
-    with pytest.raises(safe_files.DatasetError, match=r"val\.en\.gz has the wrong SHA-256"):
+    with pytest.raises(multi30k_files.DatasetError, match=r"val\.en\.gz has the wrong SHA-256"):
         load_multi30k("val", data_dir=folder)
 
 
@@ -135,8 +136,8 @@ def test_download_is_verified_and_cached(isolated):
     mirror = copy_of_data(isolated / "mirror")
     pairs = load_multi30k("val", base_url=mirror.as_uri() + "/")
     assert len(pairs) == 1014
-    cached = sorted(p.name for p in safe_files.default_cache_dir().iterdir())
-    assert cached == sorted(safe_files.MULTI30K_SHA256)  # the folder is complete once verified
+    cached = sorted(p.name for p in multi30k_files.default_cache_dir().iterdir())
+    assert cached == sorted(multi30k_files.MULTI30K_SHA256)  # the folder is complete once verified
     # a second call reads the verified cache and needs no network
     assert load_multi30k("val", base_url=UNREACHABLE) == pairs
 
@@ -145,25 +146,25 @@ def test_download_is_verified_and_cached(isolated):
 def test_corrupt_download_is_discarded(isolated):
     mirror = copy_of_data(isolated / "mirror", corrupt="val.de.gz")
     with pytest.raises(
-        safe_files.DatasetError, match="could not download .*SHA-256 is not .*nothing was kept"
+        multi30k_files.DatasetError, match="could not download .*SHA-256 is not .*nothing was kept"
     ):
         load_multi30k("val", base_url=mirror.as_uri() + "/")
     # the files verified before it are kept; of the corrupt one, neither the file nor a .tmp
-    kept = sorted(p.name for p in safe_files.default_cache_dir().iterdir())
+    kept = sorted(p.name for p in multi30k_files.default_cache_dir().iterdir())
     assert kept == ["train.de.gz", "train.en.gz"]
 
 
 def test_no_network_and_no_local_copy_says_what_to_set(isolated):
-    with pytest.raises(safe_files.DatasetError, match="could not download .*set MULTI30K_DIR"):
+    with pytest.raises(multi30k_files.DatasetError, match="could not download .*set MULTI30K_DIR"):
         load_multi30k("test2016", base_url=UNREACHABLE)
-    assert not any(safe_files.default_cache_dir().iterdir())
+    assert not any(multi30k_files.default_cache_dir().iterdir())
 
 
 @needs_data
 def test_interrupted_download_leaves_nothing_behind(isolated, monkeypatch):
     mirror = copy_of_data(isolated / "mirror")
 
-    opened = safe_files.urllib.request.urlopen
+    opened = multi30k_files.urllib.request.urlopen
 
     class CutOff:  # a response that breaks after its first 1000 bytes
         def __init__(self, url, timeout):
@@ -181,10 +182,10 @@ def test_interrupted_download_leaves_nothing_behind(isolated, monkeypatch):
             self.sent = True
             return self.response.read(1000)
 
-    monkeypatch.setattr(safe_files.urllib.request, "urlopen", CutOff)
-    with pytest.raises(safe_files.DatasetError, match="could not download"):
+    monkeypatch.setattr(multi30k_files.urllib.request, "urlopen", CutOff)
+    with pytest.raises(multi30k_files.DatasetError, match="could not download"):
         load_multi30k("val", base_url=mirror.as_uri() + "/")
-    assert not any(safe_files.default_cache_dir().iterdir())
+    assert not any(multi30k_files.default_cache_dir().iterdir())
 
 
 @needs_data

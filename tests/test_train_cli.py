@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import annotated_transformer as at
+import multi30k_files
 import profiles
 import safe_files
 import script_helpers as helpers
@@ -204,7 +205,7 @@ def test_a_bug_inside_a_script_keeps_its_traceback(tmp_path, toy_data, monkeypat
 
 
 def test_the_users_errors_are_told_from_bugs():
-    users = [at.InputError("d_model must be even"), safe_files.DatasetError("no file"),
+    users = [at.InputError("d_model must be even"), multi30k_files.DatasetError("no file"),
              FileNotFoundError(2, "No such file or directory", "de.txt"),
              OSError(errno.ENOSPC, "No space left on device")]  # fmt: skip
     bugs = [ValueError("x"), TypeError("x"), KeyError("x"), OSError("x"), RuntimeError("x")]
