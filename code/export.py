@@ -293,13 +293,6 @@ def module_plan(root=ROOT):
     return plan
 
 
-def _page_imports(path):
-    found = []
-    for _, _, body in targeted_cells(path):
-        found += split_imports(body)[0]
-    return found
-
-
 def _header(name, pages, root, bodies):
     if name == MODULE.stem:
         return HEADER, bodies
@@ -327,12 +320,13 @@ def generate_all(root=ROOT):
     """{module path: text} for the paper's module and every module the pages' cells name."""
     plan = module_plan(root)
     first_party = {p.stem for p in (root / "code").glob("*.py")} | set(plan)
-    rests = {}
+    rests, page_imports = {}, {}  # a page's imports serve every module it builds
     for name, pages in plan.items():
-        rests[name] = {
-            path: [rest for body in bodies if (rest := split_imports(body)[1])]
-            for path, bodies in pages.items()
-        }
+        rests[name] = {}
+        for path, bodies in pages.items():
+            split = [split_imports(body) for body in bodies]
+            page_imports.setdefault(path, []).extend(i for found, _ in split for i in found)
+            rests[name][path] = [rest for _, rest in split if rest]
     defines = {
         name: set().union(*(defined_names(b) for bodies in pages.values() for b in bodies))
         for name, pages in rests.items()
@@ -349,7 +343,7 @@ def generate_all(root=ROOT):
             for path, bodies in pages.items()
         )
         used = used_names(text) - defines[name]
-        imports = _used_imports([i for p in paths for i in _page_imports(p)], used, name)
+        imports = _used_imports([i for p in paths for i in page_imports[p]], used, name)
         imported = {n for i in imports for n in bound_names(i)}
         siblings = [
             other for other in plan if other != name and set(plan[other]) & set(paths)

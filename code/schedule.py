@@ -36,7 +36,7 @@ class AnnealedRate:
 def annealed_rate(step, d_model, lr_factor, *, warmup_steps, last_step, share=1.0):
     """Eq. (3)'s rate at `step`, times a cool-down: 1, then over the last `share` of the
     steps between warm-up and last_step a line falling to 0 at last_step (0: not planned
-    yet, the lr_factor stays 1)."""
+    yet, the ramp stays 1)."""
     ramp = 1.0
     if last_step:
         ramp = min(1.0, max(0.0, (last_step - step) / max(share * (last_step - warmup_steps), 1)))

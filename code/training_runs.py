@@ -88,10 +88,13 @@ def race_precisions(config, corpus, vocab, *, rounds=5):
                 run.model, batch, run.optimizer, **parts, smoothing=config.smoothing, amp=amp
             ).tolist()  # read back: the update is done when the clock stops
 
-        for amp in runs:  # one untimed warm-up update each
+        for amp in runs:  # one untimed warm-up update each, on batch 0; round r on batch r + 1
             update(amp, 0)
-        timed = {amp: functools.partial(lambda amp, r: update(amp, r + 1), amp) for amp in runs}
-        seconds = interleaved_rounds(timed, rounds=rounds, measure=seconds_of_one_call)
+        seconds = interleaved_rounds(
+            {amp: functools.partial(update, amp) for amp in runs},
+            rounds=rounds,
+            measure=lambda work, r: seconds_of_one_call(work, r + 1),
+        )
     return min(seconds, key=lambda amp: statistics.median(seconds[amp]))
 
 
@@ -155,9 +158,9 @@ class RunState:
             )
         else:
             optimizer, scheduler = make_optimizer(model, d_model, lr_factor, **adam)
-        if anneal and not cuda_graphs:
-            ramped = AnnealedRate(d_model, lr_factor, config.warmup_steps, share=anneal)
-            scheduler = AnnealedSchedule(optimizer, ramped)
+            if anneal:
+                ramped = AnnealedRate(d_model, lr_factor, config.warmup_steps, share=anneal)
+                scheduler = AnnealedSchedule(optimizer, ramped)
         scaler = torch.amp.GradScaler(torch.device(device).type, enabled=amp == torch.float16)
         return cls(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
 

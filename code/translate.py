@@ -135,9 +135,9 @@ def translate_and_score(model, tokenizer, sentences, *, references, decode, **op
     alpha, batch_size) and `decode` its decoder: without references, at.translate's
     translations and None; with them, at.evaluate_bleu's hypotheses and figures, so that the
     sentences are translated once and scored as every other script scores them."""
-    pairs = None if references is None else list(zip(sentences, references))
-    if pairs is None:
+    if references is None:
         return at.translate(model, tokenizer, sentences, decode=decode, **options), None
+    pairs = list(zip(sentences, references))
     scores = at.evaluate_bleu(model, tokenizer, pairs, decode=decode, **options)
     return scores["hypotheses"], scores
 

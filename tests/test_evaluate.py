@@ -323,3 +323,13 @@ def test_the_stored_average_is_float16_with_its_tied_matrix_once(tiny_run, tmp_p
     tied.append("generator.projection.weight")  # TINY shares them (§3.4)
     assert len({stored[name].data_ptr() for name in tied}) == 1
     assert {t.dtype for t in stored.values() if t.is_floating_point()} == {torch.float16}
+
+
+def test_at_the_papers_alpha_the_beam_rows_serve_as_its_baseline_undecoded_again(
+    tiny_run, tmp_path, short_outputs, monkeypatch
+):
+    monkeypatch.setattr(fd, "fast_translate", lambda *a, **k: pytest.fail("decoded again"))
+    evaluate.evaluate(tiny_run, tmp_path, run_folder.snapshot_paths(tiny_run), alphas=(0.6,))
+    setting = {"split": "test2016", "weights": "averaged"}
+    paper = scoring.read_hypotheses(tmp_path, decoding="beam-0.6", **setting)
+    assert paper == scoring.read_hypotheses(tmp_path, decoding="beam", **setting)
