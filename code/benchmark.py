@@ -6,7 +6,7 @@ torch.nn.Transformer, timed with torch.utils.benchmark in one process, in interl
     python code/benchmark.py --device cuda --config base small --out benchmarks/results/cuda.json
     python code/benchmark.py --quick --out /tmp/smoke.json       # a tiny smoke run, seconds
 
-train/* rows time one training.train_step_amp (forward, fused label-smoothed loss, backward,
+train/* rows time one step.train_step_amp (forward, fused label-smoothed loss, backward,
 Adam with Eq. (3)) of our model (fused and reference attention; bf16 autocast where the
 hardware computes in bf16) and of torch.nn.Transformer inside our embeddings and generator. The
 base and small configurations train on a batch of random ids; multi30k trains the model of that
@@ -42,6 +42,7 @@ from flops import bf16_peak_flops, forward_flops, real_token_flops, training_flo
 from hardware import hardware_description
 from precision import native_bf16
 from stand_in import stand_in_pairs
+from step import train_step_amp
 from torch_transformer import TorchTransformer
 
 SCHEMA = 3  # 3: profile configurations (real batches), updates per call
@@ -140,7 +141,7 @@ def training_rows(bench, device, bf16, *, compile=False, mode=None):
         scaler = torch.amp.GradScaler(device.type, enabled=False)  # bf16 needs no scaling
 
         def work():
-            training.train_step_amp(
+            train_step_amp(
                 model, batch, optimizer, scheduler=scheduler, scaler=scaler, smoothing=0.1, amp=amp
             )
 
@@ -175,7 +176,9 @@ def graphed_row(bench, model, device, *, amp=None, eager_steps=3):
     src, tgt = (ids.to(device) for ids in random_ids(bench))  # random_batch's, kept whole
     ntokens = bench.batch * bench.seq
     model.to(device).train()
-    optimizer, schedule = graphs.make_capturable_optimizer(model, bench.model.d_model)
+    # max_steps: a table for the warm-up and some replays; later ones keep its last rate
+    d_model = bench.model.d_model
+    optimizer, schedule = graphs.make_capturable_optimizer(model, d_model, max_steps=100)
     runner = graphs.GraphedTrainStep(
         model, optimizer, schedule, smoothing=0.1, amp=amp, eager_steps=eager_steps
     )
@@ -292,7 +295,7 @@ def profile_rows(data, device, bf16):
 
         def work():
             for batch in batches:
-                training.train_step_amp(
+                train_step_amp(
                     network,
                     batch,
                     optimizer,

@@ -27,7 +27,8 @@ import timing
 import training_runs as training
 from cuda_graphs import bucketed_batch
 from hardware import hardware_description
-from precision import mixed_precision, native_bf16
+from precision import native_bf16
+from step import train_step_amp
 
 PARTS = ("cut", "forward", "backward", "optimizer")
 
@@ -50,21 +51,34 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+class PartClock(torch.amp.GradScaler):
+    """A disabled gradient scaler (float32 and bfloat16 need none) that notes the time of
+    train_step_amp's calls to it: scale() once the forward pass and the loss are done,
+    step() once the backward pass is. It passes everything through, as a disabled one does."""
+
+    def __init__(self):
+        super().__init__("cpu", enabled=False)
+        self.times = []
+
+    def scale(self, outputs):
+        self.times.append(time.perf_counter())
+        return outputs
+
+    def step(self, optimizer, *args, **kwargs):
+        self.times.append(time.perf_counter())
+        return optimizer.step(*args, **kwargs)
+
+
 def timed_update(state, batch_indices, corpus, *, smoothing, amp):
-    """One update, as train_step_amp makes it on a CPU, with the time of each part."""
-    times, started = {}, time.perf_counter()
+    """One update by train_step_amp on a CPU, with the time of each of PARTS: the cut, the
+    forward pass with the loss, the backward pass, and the optimizer with the schedule."""
+    clock, started = PartClock(), time.perf_counter()
     batch = bucketed_batch(corpus, batch_indices, (1,))
-    times["cut"], started = time.perf_counter() - started, time.perf_counter()
-    with mixed_precision("cpu", amp):
-        loss, _ = at.forward_loss(state.model, batch, smoothing)
-    times["forward"], started = time.perf_counter() - started, time.perf_counter()
-    (loss / batch.ntokens).backward()
-    times["backward"], started = time.perf_counter() - started, time.perf_counter()
-    state.optimizer.step()
-    state.optimizer.zero_grad(set_to_none=True)
-    state.scheduler.step()
-    times["optimizer"] = time.perf_counter() - started
-    return times
+    clock.times.append(time.perf_counter())
+    parts = {"scheduler": state.scheduler, "scaler": clock, "smoothing": smoothing, "amp": amp}
+    train_step_amp(state.model, batch, state.optimizer, **parts)
+    ends = [started, *clock.times, time.perf_counter()]
+    return {part: end - start for part, start, end in zip(PARTS, ends, ends[1:])}
 
 
 def update_parts(config, corpus, vocab, *, steps, rounds):

@@ -11,18 +11,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from annotated_transformer import (
-    BOS_ID,
-    EOS_ID,
-    PAD_ID,
-    Batch,
-    InputError,
-    forward_loss,
-    make_optimizer,
-    padding_mask,
-    subsequent_mask,
-)
-from precision import mixed_precision
+from annotated_transformer import BOS_ID, EOS_ID, Batch, InputError, make_optimizer, subsequent_mask
+from step import capturable_step
 
 # --------------------------------------------------------------------------------------
 # Training with CUDA graphs (ours), from chapters/cuda_graphs.ipynb
@@ -69,109 +59,65 @@ def bucketed_batch(corpus, indices, buckets=BUCKETS, *, rows=None):
     return Batch.from_tensors(src, tgt, corpus.target_tokens(indices), pad_id=corpus.pad_id)
 
 
-def device_rate(step, d_model, lr_factor=1.0, *, warmup_steps=4000):
-    """CUDA graphs: Eq. (3) as `rate` computes it, for a step count held in a tensor, computed
-    where the tensor is; step 0 counts as step 1."""
-    step = step.clamp(min=1)
-    return lr_factor * d_model**-0.5 * torch.minimum(step.rsqrt(), step * warmup_steps**-1.5)
-
-
 class DeviceSchedule:
-    """CUDA graphs: the learning rate of Eq. (3), kept on the device where a captured step can
-    set it. `steps` counts the updates made; `lr` is the tensor the optimizer reads, holding
-    the rate of the next update (as make_optimizer's LambdaLR keeps it). step() advances
-    both on the device; state_dict() reads the count back, for checkpoints. plan(last_step)
-    cools the rate down over the last `share` of the run as annealed_rate does (the
-    training-runs page), in a captured step too."""
+    """CUDA graphs: a learning-rate schedule kept on the device, where a captured step can
+    set it. rate_of_update(k), a host function, gives the rate of update k + 1 (the function
+    that make_optimizer's LambdaLR calls); fill() tabulates it on the host (`rates`) and
+    copies the table to the device, in place, for updates 1 to max_steps + 1. `steps` counts
+    the updates made and `lr`, the tensor the optimizer reads, holds the next update's rate
+    (as the LambdaLR keeps it); step() advances both on the device. Past max_steps, where a
+    run never goes, the rate stays the table's last (a replay cannot raise an error)."""
 
-    def __init__(self, optimizer, d_model, lr_factor=1.0, *, warmup_steps=4000, share=1.0):
+    def __init__(self, optimizer, rate_of_update, *, max_steps):
         self.lr = optimizer.param_groups[0]["lr"]
         if not all(group["lr"] is self.lr for group in optimizer.param_groups):
             raise ValueError("every parameter group must read the same learning-rate tensor")
-        self.steps = torch.zeros((), dtype=torch.float32, device=self.lr.device)
-        self.last_step = torch.zeros((), dtype=torch.float32, device=self.lr.device)
-        self.d_model, self.lr_factor, self.warmup_steps, self.share = (
-            d_model,
-            lr_factor,
-            warmup_steps,
-            share,
-        )
+        self.rate_of_update, self.max_steps = rate_of_update, max_steps
+        self.table = torch.empty(max_steps + 1, dtype=torch.float32, device=self.lr.device)
+        self.steps = torch.zeros(1, dtype=torch.long, device=self.lr.device)
+        self.fill()
+
+    def fill(self):
+        self.rates = [self.rate_of_update(k) for k in range(self.max_steps + 1)]
+        self.table.copy_(torch.tensor(self.rates))  # in place: a graph reads this table
         self.step(advance=False)
 
     def step(self, advance=True):
         if advance:
             self.steps += 1
-        step, last = self.steps + 1, self.last_step
-        ramp = ((last - step) / (self.share * (last - self.warmup_steps)).clamp(min=1)).clamp(0, 1)
-        ramp = torch.where(last > 0, ramp, 1.0)  # 0: not planned, Eq. (3) alone
-        self.lr.copy_(
-            device_rate(step, self.d_model, self.lr_factor, warmup_steps=self.warmup_steps) * ramp
-        )
-
-    def plan(self, last_step):
-        self.last_step.fill_(last_step)
-        self.step(advance=False)
+        entry = self.steps.clamp(max=self.max_steps)
+        self.lr.copy_(self.table.index_select(0, entry).squeeze(0))
 
     def state_dict(self):
-        return {"steps": int(self.steps.item()), "last_step": int(self.last_step.item())}
+        return {"steps": int(self.steps.item())}
 
     def load_state_dict(self, state):
         self.steps.fill_(state["steps"])
-        self.plan(state.get("last_step", 0))
+        self.step(advance=False)
 
 
 def make_capturable_optimizer(
-    model, d_model, lr_factor=1.0, *, warmup_steps=4000, weight_decay=0.0, share=1.0
+    model, d_model, lr_factor=1.0, *, max_steps, warmup_steps=4000, weight_decay=0.0
 ):
     """CUDA graphs: make_optimizer's AdamW and Eq. (3) for a step that can be captured: fused
-    (one kernel updates every parameter), its learning rate a float32 tensor on the
-    parameters' device that a DeviceSchedule sets, capturable on a GPU (its step counts
-    stay there too); share: the DeviceSchedule's, once a last step is planned. Returns
+    (one kernel updates every parameter), capturable on a GPU (its step counts stay there
+    too), its learning rate a float32 tensor on the parameters' device that a DeviceSchedule
+    sets from make_optimizer's own rate function, for max_steps updates. Returns
     (optimizer, schedule)."""
     device = next(model.parameters()).device
-    capturable = device.type == "cuda"
-    optimizer, _ = make_optimizer(  # its Eq. (3) schedule is replaced below
+    optimizer, scheduler = make_optimizer(
         model,
         d_model,
         lr_factor,
         warmup_steps=warmup_steps,
         weight_decay=weight_decay,
         fused=True,
-        capturable=capturable,
+        capturable=device.type == "cuda",
     )
     lr = torch.zeros((), dtype=torch.float32, device=device)  # the fused kernel reads a float
     for group in optimizer.param_groups:
         group["lr"] = lr
-    return optimizer, DeviceSchedule(
-        optimizer, d_model, lr_factor, warmup_steps=warmup_steps, share=share
-    )
-
-
-def capturable_step(model, optimizer, schedule, *, smoothing, amp=None):
-    """CUDA graphs: train_step as a function of tensors alone, that a CUDA graph can capture.
-    step(src, tgt, ntokens, causal): source ids (batch, S), target ids with <s> and </s>
-    (batch, T + 1), the real target tokens (a number, or a tensor on the device), and
-    subsequent_mask(T) on the device. Forward, loss per real token, backward, the optimizer's
-    and the schedule's step, gradients zeroed in place; returns [loss, nll] summed."""
-    if amp == torch.float16:
-        raise InputError("float16 needs a gradient scaler, which reads the device: use bf16")
-
-    def step(src, tgt, ntokens, causal):
-        tgt_in, tgt_y = tgt[:, :-1], tgt[:, 1:]
-        # target_mask, its causal part made once per length, outside the step
-        masks = {"src_mask": padding_mask(src, PAD_ID)}
-        masks["tgt_mask"] = padding_mask(tgt_in, PAD_ID) & causal
-        batch = Batch(src, tgt_in, tgt_y, ntokens=ntokens, **masks)
-        # no cache of cast weights in a capture (make_graphed_callables refuses it)
-        with mixed_precision(src.device.type, amp, cache=False):
-            loss, nll = forward_loss(model, batch, smoothing)
-        (loss / ntokens).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=False)  # the same gradient buffers in every replay
-        schedule.step()
-        return torch.stack([loss.detach(), nll])
-
-    return step
+    return optimizer, DeviceSchedule(optimizer, scheduler.lr_lambdas[0], max_steps=max_steps)
 
 
 @dataclass(kw_only=True)

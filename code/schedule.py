@@ -9,6 +9,7 @@ change them, then run `python code/export.py`.
 import torch
 
 from annotated_transformer import rate
+from cuda_graphs import DeviceSchedule
 
 # --------------------------------------------------------------------------------------
 # Training runs that survive (ours), from chapters/training_runs.ipynb
@@ -69,18 +70,27 @@ def plan_last_step(state, context):
 
 
 def set_last_step(state, last_step):
-    """Tell the run's schedule (an AnnealedSchedule, or the CUDA graphs page's
-    DeviceSchedule) where its rate reaches 0; the rate of the next update follows at once."""
+    """Tell the run's schedule (an AnnealedSchedule, or an AnnealedDeviceSchedule) where its
+    rate reaches 0; the rate of the next update follows at once."""
     state.last_step = last_step
     state.scheduler.plan(last_step)
 
 
 class AnnealedSchedule(torch.optim.lr_scheduler.LambdaLR):
     """make_optimizer's schedule with an AnnealedRate: plan(last_step) fixes where the rate
-    reaches 0 and sets the next update's rate at once, as DeviceSchedule.plan does."""
+    reaches 0 and sets the next update's rate at once."""
 
     def plan(self, last_step):
         ramped = self.lr_lambdas[0]
         ramped.last_step = last_step
         for group, base in zip(self.optimizer.param_groups, self.base_lrs):
             group["lr"] = base * ramped(self.last_epoch)
+
+
+class AnnealedDeviceSchedule(DeviceSchedule):
+    """The CUDA graphs page's DeviceSchedule with an AnnealedRate: plan(last_step) fixes where
+    the rate reaches 0 and tabulates the rates again, into the table a graph reads."""
+
+    def plan(self, last_step):
+        self.rate_of_update.last_step = last_step
+        self.fill()

@@ -26,7 +26,6 @@ from annotated_transformer import (
     batch_by_tokens,
     build_model,
     check_device,
-    forward_loss,
     load_tokenizer,
     make_optimizer,
     read_checkpoint,
@@ -50,18 +49,18 @@ from distributed import (
 )
 from fast_decoding import fast_evaluate_bleu
 from hardware import hardware_description
-from precision import (
-    AMP_OF_PRECISION,
-    PRECISIONS,
-    autocast_dtype,
-    mixed_precision,
-    native_bf16,
-    tf32_matmuls,
-)
+from precision import AMP_OF_PRECISION, PRECISIONS, autocast_dtype, native_bf16, tf32_matmuls
 from profiles import RunConfig
 from run_folder import RunFolder, snapshot_paths
 from safe_files import atomic_file, write_json
-from schedule import AnnealedRate, AnnealedSchedule, annealed_rate, plan_last_step, time_to_plan
+from schedule import (
+    AnnealedDeviceSchedule,
+    AnnealedRate,
+    AnnealedSchedule,
+    plan_last_step,
+    time_to_plan,
+)
+from step import train_step_amp
 from timing import interleaved_rounds, seconds_of_one_call
 
 # --------------------------------------------------------------------------------------
@@ -96,25 +95,6 @@ def race_precisions(config, corpus, vocab, *, rounds=5):
             measure=lambda work, r: seconds_of_one_call(work, r + 1),
         )
     return min(seconds, key=lambda amp: statistics.median(seconds[amp]))
-
-
-def train_step_amp(
-    model, batch, optimizer, *, scheduler, scaler, smoothing, ntokens=None, amp=None
-):
-    """train_step (chapter 5) in mixed precision, for one process's share of an update: the
-    loss averaged over `ntokens` target tokens (the batch's own by default). amp: an
-    autocast dtype or None; scaler: a torch.amp.GradScaler, disabled unless amp is float16.
-    Returns [loss, nll] summed over the batch, on the device."""
-    with mixed_precision(batch.src.device.type, amp):
-        loss, nll = forward_loss(model, batch, smoothing)
-    scaler.scale(loss / (ntokens or batch.ntokens)).backward()
-    scale = scaler.get_scale() if scaler.is_enabled() else None
-    scaler.step(optimizer)  # float16: skipped when a gradient overflowed,
-    scaler.update()  # and then the scale is lowered
-    optimizer.zero_grad(set_to_none=True)
-    if scale is None or scaler.get_scale() >= scale:  # Eq. (3) counts the updates made
-        scheduler.step()
-    return torch.stack([loss.detach(), nll])
 
 
 def corpus_on(corpus, device):
@@ -152,14 +132,17 @@ class RunState:
         d_model, lr_factor = config.model.d_model, config.lr_factor
         anneal = getattr(config, "anneal", 0)  # chapter 5's TrainConfig does not anneal
         adam = {"warmup_steps": config.warmup_steps, "weight_decay": config.weight_decay}
-        if cuda_graphs:  # a DeviceSchedule cools its rate down by itself
+        if cuda_graphs:
             optimizer, scheduler = make_capturable_optimizer(
-                model, d_model, lr_factor, share=anneal or 1.0, **adam
+                model, d_model, lr_factor, max_steps=config.max_steps, **adam
             )
         else:
             optimizer, scheduler = make_optimizer(model, d_model, lr_factor, **adam)
-            if anneal:
-                ramped = AnnealedRate(d_model, lr_factor, config.warmup_steps, share=anneal)
+        if anneal:  # one rate function, whichever schedule applies it
+            ramped = AnnealedRate(d_model, lr_factor, config.warmup_steps, share=anneal)
+            if cuda_graphs:
+                scheduler = AnnealedDeviceSchedule(optimizer, ramped, max_steps=config.max_steps)
+            else:
                 scheduler = AnnealedSchedule(optimizer, ramped)
         scaler = torch.amp.GradScaler(torch.device(device).type, enabled=amp == torch.float16)
         return cls(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
@@ -412,15 +395,8 @@ def train_epoch(state, context, model, *, bar, buckets=(1,), runner=None):
                 ntokens=ntokens / context.world,
                 amp=context.amp,
             )
-        else:  # the rate in the optimizer is a device tensor: the host computes its own copy
-            recipe = {"warmup_steps": config.warmup_steps, "share": config.anneal}
-            lr = annealed_rate(
-                state.step + 1,
-                config.model.d_model,
-                config.lr_factor,
-                last_step=state.last_step,
-                **recipe,
-            )
+        else:  # the optimizer reads a device tensor; the host keeps the table it was filled from
+            lr = state.scheduler.rates[state.step]
             losses = runner(*bucketed_ids(context.corpus, group[0], rows=rows[cut]), ntokens)
         pending.append((losses, lr, ntokens))
         state.step, state.position = state.step + 1, state.position + 1

@@ -21,7 +21,6 @@ import flops
 import profiles
 import script_helpers as helpers
 import stand_in
-import training_runs as training
 from hardware import hardware_description
 from torch_transformer import TorchTransformer
 
@@ -355,19 +354,19 @@ def test_profile_rows_train_ours_and_the_twin_on_the_same_batches(tmp_path):
     keys = ["train/ours-fused", "train/torch", "train/ours-fused-bf16", "train/torch-bf16"]
     assert [row.key for row in rows] == keys
     seen = []
-    original = training.train_step_amp
+    original = benchmark.train_step_amp
 
     def recording(model, batch, *args, **kwargs):
         name, ntokens = type(model).__name__, int(batch.ntokens)
         seen.append((name, batch.src.shape, ntokens, kwargs.get("amp")))
         return original(model, batch, *args, **kwargs)
 
-    training.train_step_amp = recording
+    benchmark.train_step_amp = recording
     try:
         for row in rows:
             row.work()
     finally:
-        training.train_step_amp = original
+        benchmark.train_step_amp = original
     shapes = [(len(b), max(data.corpus.lengths[i][0] for i in b)) for b in data.chosen]
     tokens = [data.corpus.target_tokens(b) for b in data.chosen]
     expected = [

@@ -11,7 +11,7 @@ import precision
 import profiles
 import script_helpers as helpers
 import training_runs as training
-from toy import TINY, quiet, toy_pairs
+from toy import TINY, quiet, toy_ids, toy_pairs
 
 BUDGETED = dataclasses.replace(TINY, max_seconds=30.0, eval_every=4, bleu_sentences=5)
 
@@ -62,3 +62,33 @@ def test_a_profile_without_a_budget_or_a_run_without_weights_is_refused(
     assert budget.main(["--profile", "toy-budget", "--run", str(empty), "--out", out]) == 2
     assert "holds no checkpoint.pt" in capsys.readouterr().err
     assert not (tmp_path / "b.json").exists()
+
+
+def test_the_timed_update_is_the_runs_update_with_a_clock_between_its_parts(monkeypatch):
+    """timed_update makes train_step_amp's update (the same weights after each, bit for bit)
+    and splits its time where train_step_amp calls the scaler: the four parts tile the call."""
+    import torch
+
+    import annotated_transformer as at
+
+    corpus = at.EncodedCorpus(toy_ids(40, 50))
+    config = dataclasses.replace(TINY, model=dataclasses.replace(TINY.model, dropout=0.0))
+    timed, plain = (training.RunState.new(config, 50) for _ in range(2))  # the same seed
+    batches = [b[0] for b in training.epoch_updates(corpus, config, 0)[:3]]
+    ticks = iter(range(100))
+    monkeypatch.setattr(budget.time, "perf_counter", lambda: float(next(ticks)))
+    for indices in batches:
+        parts = budget.timed_update(timed, indices, corpus, smoothing=0.1, amp=None)
+        # ticks: start, cut done, forward done (scale), backward done (step), end
+        assert list(parts) == list(budget.PARTS) and list(parts.values()) == [1.0] * 4
+        training.train_step_amp(
+            plain.model,
+            corpus.batch(indices),
+            plain.optimizer,
+            scheduler=plain.scheduler,
+            scaler=plain.scaler,
+            smoothing=0.1,
+        )
+    for a, b in zip(timed.model.parameters(), plain.model.parameters()):
+        assert torch.equal(a, b)
+    assert timed.scheduler.last_epoch == plain.scheduler.last_epoch == len(batches) > 1

@@ -115,7 +115,7 @@ def test_the_capturable_step_and_the_cut_do_no_host_work():
     with torch.device("meta"):
         model = make_model(VOCAB, VOCAB, N=1, d_model=16, d_ff=32, h=2)
     optimizer, schedule = make_capturable_optimizer(
-        model, 16, 1.0, warmup_steps=10, weight_decay=0.1
+        model, 16, 1.0, max_steps=10, warmup_steps=10, weight_decay=0.1
     )
     assert optimizer.param_groups[0]["fused"] and schedule.lr.device.type == "meta"
     step = capturable_step(model, optimizer, schedule, smoothing=0.1)
@@ -131,26 +131,28 @@ def test_the_capturable_step_and_the_cut_do_no_host_work():
     assert host_work(schedule.state_dict)[0].startswith("aten._local_scalar_dense")
 
 
-def test_the_device_learning_rate_is_eq_3():
+def float32(number):
+    return torch.tensor(number, dtype=torch.float32).item()
+
+
+def test_the_device_learning_rate_is_eq_3_from_the_host_rate_in_float32():
     optimizer, schedule = make_capturable_optimizer(
-        torch.nn.Linear(3, 3), 512, 1.0, warmup_steps=4000
+        torch.nn.Linear(3, 3), 512, 1.0, max_steps=12000, warmup_steps=4000
     )
     assert all(group["lr"] is schedule.lr for group in optimizer.param_groups)
     assert schedule.lr.dtype == torch.float32
     # by hand: at step 4000 = warmup both terms are 4000^-0.5, times 512^-0.5
     schedule.load_state_dict({"steps": 3999})  # the rate of update 4000
-    assert schedule.lr.item() == pytest.approx(1 / (512 * 4000) ** 0.5, rel=1e-6)
+    assert schedule.lr.item() == pytest.approx(1 / (512 * 4000) ** 0.5, rel=1e-7)
     schedule.load_state_dict({"steps": 0})
-    for update in range(1, 12001):
-        if update in (1, 2, 3, 1000, 3999, 4000, 4001, 12000):
-            assert schedule.lr.item() == pytest.approx(
-                rate(update, 512, 1.0, warmup_steps=4000), rel=1e-6
-            )
+    for update in range(1, 12002):  # one update past the table: its last rate again
+        expected = rate(min(update, 12001), 512, 1.0, warmup_steps=4000)
+        assert schedule.lr.item() == float32(expected)
         schedule.step()
-    assert schedule.state_dict() == {"steps": 12000, "last_step": 0}
+    assert schedule.state_dict() == {"steps": 12001}
     # the optimizer reads it: Adam's first update moves each weight by the rate (g / |g|)
     layer = torch.nn.Linear(3, 3, bias=False)
-    optimizer, schedule = make_capturable_optimizer(layer, 64, 2.0, warmup_steps=10)
+    optimizer, schedule = make_capturable_optimizer(layer, 64, 2.0, max_steps=5, warmup_steps=10)
     before = layer.weight.detach().clone()
     layer.weight.grad = torch.full_like(before, 0.5)
     optimizer.step()
@@ -160,6 +162,18 @@ def test_the_device_learning_rate_is_eq_3():
     )
 
 
+def test_a_new_rate_is_tabulated_into_the_same_table_that_a_graph_reads():
+    optimizer, schedule = make_capturable_optimizer(torch.nn.Linear(2, 2), 64, max_steps=30)
+    table, lr = schedule.table.data_ptr(), schedule.lr.data_ptr()
+    for _ in range(7):
+        schedule.step()
+    schedule.rate_of_update = lambda k: 0.5 / (k + 1)  # any host function of the update
+    schedule.fill()
+    assert schedule.table.data_ptr() == table and schedule.lr.data_ptr() == lr
+    assert schedule.lr.item() == float32(0.5 / 8)  # the rate of update 8, at once
+    assert schedule.rates == [0.5 / (k + 1) for k in range(31)]
+
+
 def test_the_runner_on_a_cpu_trains_as_train_step_does():
     generator = torch.Generator().manual_seed(0)
     pairs = [pair for n in range(5, 10) for pair in copy_task_pairs(40, 12, n, generator=generator)]
@@ -167,32 +181,42 @@ def test_the_runner_on_a_cpu_trains_as_train_step_does():
     torch.manual_seed(0)
     graphed = make_model(12, 12, N=1, d_model=32, d_ff=64, h=4, dropout=0.0)
     plain = copy.deepcopy(graphed)
-    optimizer, schedule = make_capturable_optimizer(graphed, 32, 1.0, warmup_steps=100)
-    runner = GraphedTrainStep(graphed, optimizer, schedule, smoothing=0.0)
+    runner_optimizer, schedule = make_capturable_optimizer(
+        graphed, 32, 1.0, max_steps=100, warmup_steps=100
+    )
+    runner = GraphedTrainStep(graphed, runner_optimizer, schedule, smoothing=0.0)
     assert not runner.graphed
     optimizer, scheduler = make_optimizer(plain, 32, 1.0, warmup_steps=100)
     plan = [b for epoch in range(2) for b in batch_by_tokens(corpus.lengths, 120, seed=epoch)]
     losses, gradients = [], None
     for indices in plan[:25]:
+        # each update from the same state: a rounding difference carried over many updates
+        # may tip a ReLU the other way (this seed's trajectories part after 10 updates)
+        with torch.no_grad():
+            for mine, theirs in zip(plain.parameters(), graphed.parameters()):
+                mine.copy_(theirs)
+                if theirs in runner_optimizer.state:
+                    state = runner_optimizer.state[theirs]
+                    optimizer.state[mine] = {k: v.clone() for k, v in state.items()}
         ntokens = corpus.target_tokens(indices)
         sums = runner(*bucketed_ids(corpus, indices), ntokens)
         expected = train_step(
             plain, corpus.batch(indices), optimizer, scheduler=scheduler, smoothing=0.0
         )
-        assert torch.allclose(sums, expected, rtol=1e-4)
+        assert torch.allclose(sums, expected, rtol=1e-5)
+        for a, b in zip(graphed.parameters(), plain.parameters()):
+            assert (a - b).abs().max().item() < 1e-6  # rounding; a rate off by one: >= 1e-5
         losses.append(sums[0].item() / ntokens)
         # the gradient buffers stay where they are, zeroed, as a replay needs them
         assert all(p.grad is not None and not p.grad.any() for p in graphed.parameters())
         gradients = gradients or [p.grad.data_ptr() for p in graphed.parameters()]
         assert [p.grad.data_ptr() for p in graphed.parameters()] == gradients
     assert losses[-1] < 0.7 * losses[0]
-    for a, b in zip(graphed.parameters(), plain.parameters()):
-        assert (a - b).abs().max().item() < 1e-5
 
 
 def test_the_runner_refuses_what_a_graph_cannot_do():
     model = make_model(12, 12, N=1, d_model=16, d_ff=32, h=2)
-    optimizer, schedule = make_capturable_optimizer(model, 16)
+    optimizer, schedule = make_capturable_optimizer(model, 16, max_steps=10)
     with pytest.raises(ValueError, match="float16"):
         GraphedTrainStep(model, optimizer, schedule, smoothing=0.1, amp=torch.float16)
     with pytest.raises(ValueError, match="eager_steps"):
@@ -211,7 +235,9 @@ def test_graphs_replay_the_steps_train_step_makes():
     torch.manual_seed(0)
     graphed = make_model(12, 12, N=1, d_model=32, d_ff=64, h=4, dropout=0.0).cuda()
     plain = copy.deepcopy(graphed)
-    optimizer, schedule = make_capturable_optimizer(graphed, 32, 1.0, warmup_steps=100)
+    optimizer, schedule = make_capturable_optimizer(
+        graphed, 32, 1.0, max_steps=100, warmup_steps=100
+    )
     runner = GraphedTrainStep(graphed, optimizer, schedule, smoothing=0.0)
     optimizer, scheduler = make_optimizer(plain, 32, 1.0, warmup_steps=100)
     short, long = list(range(0, 12)), list(range(16, 26))

@@ -27,7 +27,7 @@ def test_committed_modules_match_the_chapters():
 
 PAGE_MODULES = ("fast_decoding", "cuda_graphs", "training_runs")  # in reading order
 # filed by job from the back matter's pages (`#| export <module>`), as CONTRIBUTING lists them
-JOB_MODULES = ("precision", "distributed", "run_folder", "profiles", "schedule")
+JOB_MODULES = ("precision", "step", "distributed", "run_folder", "profiles", "schedule")
 BACK_MATTER_MODULES = (*PAGE_MODULES, *JOB_MODULES)
 # what belongs to the back matter: fast decoding, CUDA graphs, runs that survive (the
 # checkpoint format is the paper's: 6.1 reads and writes it, beside averaging)
