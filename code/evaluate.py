@@ -169,11 +169,12 @@ def snapshots_within(snapshots, seconds):
 
 def choose_alpha(model, tokenizer, pairs, *, alphas, batch_size=64):
     """The length penalty, of `alphas`, under which beam 4 scores best on `pairs` (val; the
-    first of equals), and every alpha's score and length ratio (hypotheses' length over
-    the references'): (alpha, [{"alpha", "sacreBLEU", "length ratio"}])."""
-    scores = []
+    first of equals), every alpha's score and length ratio (hypotheses' length over the
+    references'), and the chosen alpha's figures (fast_evaluate_bleu's, which score_table
+    reuses): (alpha, [{"alpha", "sacreBLEU", "length ratio"}], figures)."""
+    scores, figures_at = [], {}
     for alpha in alphas:
-        figures = fd.fast_evaluate_bleu(
+        figures = figures_at[alpha] = fd.fast_evaluate_bleu(
             model,
             tokenizer,
             pairs,
@@ -190,20 +191,23 @@ def choose_alpha(model, tokenizer, pairs, *, alphas, batch_size=64):
             flush=True,
         )
     best = max(scores, key=lambda score: score["sacreBLEU"])  # max keeps the first of equals
-    return best["alpha"], scores
+    return best["alpha"], scores, figures_at[best["alpha"]]
 
 
-def score_table(translators, sets, *, alpha, batch_size, out):
+def score_table(translators, sets, *, alpha, batch_size, out, decoded=None):
     """Greedy and beam 4 (length penalty `alpha`) for each (label, (model, tokenizer)) of
     `translators` on each split of `sets`, every row's hypotheses stored in `out`
     (scoring.write_hypotheses; "last" is stored as last, any other label as averaged):
     (rows of the table, sacreBLEU's signature, the samples: the first 10 test2016
-    translations, beam 4, of the last of `translators`)."""
+    translations, beam 4, of the last of `translators`). decoded: {split: figures} of beam 4
+    at `alpha` that choose_alpha already made with the last of `translators`, reused."""
     rows, samples, signature = [], [], None
-    for label, (model, tokenizer) in translators:
+    for number, (label, (model, tokenizer)) in enumerate(translators, start=1):
+        known = decoded if number == len(translators) and decoded else {}
         for split, pairs in sets.items():
             for beam_size in (1, 4):
-                scores = fd.fast_evaluate_bleu(
+                scores = known.get(split) if beam_size == 4 else None
+                scores = scores or fd.fast_evaluate_bleu(
                     model,
                     tokenizer,
                     pairs,
@@ -289,12 +293,17 @@ def rescore(folder, *, alphas, device="cpu", batch_size=64, limit=None, data_dir
     at.check_device(device)  # before the file is read
     payload = at.read_checkpoint(averaged_path)  # read once: scored, then written with its alpha
     model, tokenizer = translator = at.translator_from(payload, device)
-    alpha, alpha_on_val = choose_alpha(
+    alpha, alpha_on_val, on_val = choose_alpha(
         model, tokenizer, sets["val"], alphas=alphas, batch_size=batch_size
     )
     label = f"average of last {len(record['averaged_steps'])}"
     rows, signature, samples = score_table(
-        ((label, translator),), sets, alpha=alpha, batch_size=batch_size, out=folder
+        ((label, translator),),
+        sets,
+        alpha=alpha,
+        batch_size=batch_size,
+        out=folder,
+        decoded={"val": on_val},
     )
     # the weights written back unchanged, with the alpha val chose, which translate.py reads
     at.save_checkpoint(averaged_path, {**payload, "alpha": alpha})
@@ -373,16 +382,17 @@ def evaluate(
     sets = scored_sets(limit, data_dir)
     # the stored tensors, still in memory, as load_checkpoint would read them back
     model, tokenizer = translator = at.translator_from(averaged, device)
-    alpha, alpha_on_val = alphas[0], None
+    alpha, alpha_on_val, decoded = alphas[0], None, None
     if len(alphas) > 1:  # test2016 is only ever decoded at the alpha val chose
-        alpha, alpha_on_val = choose_alpha(
+        alpha, alpha_on_val, on_val = choose_alpha(
             model, tokenizer, sets["val"], alphas=alphas, batch_size=batch_size
         )
+        decoded = {"val": on_val}
     # the payload is still in memory: write it again with the alpha, no need to read it back
     at.save_checkpoint(averaged_path, {**averaged, "alpha": alpha})
     translators = (("last", at.load_checkpoint(snapshots[-1], device)), (label, translator))
     rows, signature, samples = score_table(
-        translators, sets, alpha=alpha, batch_size=batch_size, out=out
+        translators, sets, alpha=alpha, batch_size=batch_size, out=out, decoded=decoded
     )
     state, seconds = run_state(run, until)
     evaluation = {

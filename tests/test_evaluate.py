@@ -28,8 +28,14 @@ def tiny_run(tmp_path_factory):
 
 @pytest.fixture
 def short_outputs(monkeypatch):
-    """Toy data, and outputs of at most 5 tokens: a 6-step model rarely ends a sentence."""
-    monkeypatch.setattr(helpers, "load_multi30k", lambda split, data_dir=None: toy_pairs(8, seed=2))
+    """Toy data (test2016 apart from val), and outputs of at most 5 tokens: a 6-step model
+    rarely ends a sentence."""
+    seeds = {"test2016": 3}  # val, and any other split: 2
+    monkeypatch.setattr(
+        helpers,
+        "load_multi30k",
+        lambda split, data_dir=None: toy_pairs(8, seed=seeds.get(split, 2)),
+    )
     capped = lambda src_mask, max_len=None: torch.full((src_mask.size(0),), 5)  # noqa: E731
     monkeypatch.setattr(fd, "output_limits", capped)
 
@@ -175,6 +181,9 @@ def test_evaluate_decodes_test_only_at_the_alpha_that_val_chose(
     # the search: beam 4 on val only, once per alpha; then the table at 0.9 alone
     assert calls[:3] == [("val", 4, 0.6), ("val", 4, 1.2), ("val", 4, 0.9)]
     assert {alpha for _, beam, alpha in calls[3:] if beam == 4} == {0.9}
+    # val at 0.9: the search's decoding with the averaged weights, reused for their row, and
+    # the last weights' row; never a third time
+    assert calls.count(("val", 4, 0.9)) == 2
     assert ("test2016", 4, 1.2) not in calls and ("test2016", 4, 0.6) not in calls
     assert {r["decoding"] for r in evaluation["results"]} == {"greedy", "beam 4, alpha 0.9"}
     paper = scoring.read_hypotheses(

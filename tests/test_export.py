@@ -4,6 +4,7 @@ order, and cells with side effects are refused."""
 import ast
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -424,3 +425,22 @@ def test_code_holds_only_python_files():
         if p.is_file() and p.suffix != ".py" and not p.name.startswith(".")
     ]
     assert not others, f"move these out of code/ (data/ or results/): {others}"
+
+
+def test_every_generated_module_is_left_to_its_cells_formatting_and_known_to_the_linter():
+    """A new `#| export <module>` needs two lines of pyproject.toml: ruff format skips the
+    generated file (its cells are formatted one by one), and isort counts it as ours."""
+    import tomllib
+
+    pyproject = export.MODULE.parent.parent / "pyproject.toml"
+    ruff = tomllib.loads(pyproject.read_text())["tool"]["ruff"]
+    generated = {
+        path.stem
+        for path in export.MODULE.parent.glob("*.py")
+        if "GENERATED FILE, DO NOT EDIT" in path.read_text()[:1000]
+    }
+    assert generated >= {"annotated_transformer", "step", "schedule"}
+    skipped = {pathlib.Path(path).stem for path in ruff["format"]["exclude"]}
+    assert generated <= skipped, f"add to [tool.ruff.format] exclude: {generated - skipped}"
+    ours = set(ruff["lint"]["isort"]["known-first-party"])
+    assert generated <= ours, f"add to known-first-party: {generated - ours}"
