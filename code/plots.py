@@ -614,7 +614,7 @@ def table3_sizes(comparison, series, title):
 
 def sentence_attention(sentence, kind, layer, **options):
     """Chapter 7's maps: attention_grid of one layer (counted from 1) of one sentence as
-    attention_maps.extract records it (its tokens and its weights {kind: (N, h, seq_q,
+    attention_analysis.extract records it (its tokens and its weights {kind: (N, h, seq_q,
     seq_k)}), for kind encoder_self, decoder_self or encoder_decoder."""
     queries = {
         "encoder_self": sentence["source"],
@@ -634,7 +634,7 @@ def sentence_attention(sentence, kind, layer, **options):
 
 def head_table_figure(table, columns, title, *, reference=None, reference_label="uniform"):
     """head_heatmaps of a table with one row per head, indexed "layer.head" in order
-    (1.1, 1.2, ...), and a last row "uniform" (as attention_maps.head_table returns it):
+    (1.1, 1.2, ...), and a last row "uniform" (as attention_analysis.head_table returns it):
     one panel per column. reference maps a column to its baseline; by default the uniform
     row's values."""
     heads = table.drop(index="uniform")

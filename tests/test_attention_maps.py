@@ -1,4 +1,5 @@
-"""code/attention_maps.py: the attention weights it extracts for chapter 7 (Figures 3-5)."""
+"""code/attention_maps.py and code/attention_analysis.py: the attention weights extracted for
+chapter 7 (Figures 3-5), their statistics and the tables the chapter shows."""
 
 import json
 
@@ -6,6 +7,7 @@ import pytest
 import torch
 
 import annotated_transformer as at
+import attention_analysis
 import attention_maps
 
 PAIRS = [
@@ -29,7 +31,7 @@ def records():
     # greedy: an untrained model rarely ends by itself, and a beam to input length + 50
     # would make the test slow
     translations = at.translate(model, tokenizer, SENTENCES, beam_size=1)
-    extracted = attention_maps.extract(model, tokenizer, SENTENCES, beam_size=1)
+    extracted = attention_analysis.extract(model, tokenizer, SENTENCES, beam_size=1)
     return model, tokenizer, sources, translations, extracted
 
 
@@ -47,7 +49,7 @@ def test_shapes_match_the_token_counts(records):
 
 def test_rows_are_distributions_over_real_tokens(records):
     for record in records[-1]:
-        for kind in attention_maps.KINDS:
+        for kind in attention_analysis.KINDS:
             weights = record["attention"][kind]
             assert (weights >= 0).all()
             sums = weights.sum(-1)  # cropped to the real keys: padding got no weight
@@ -59,9 +61,9 @@ def test_padding_gets_no_weight():
     torch.manual_seed(0)
     model = at.make_model(20, 20, N=1, d_model=16, d_ff=32, h=2).eval()
     sources, targets = [[5, 6, 7, at.EOS_ID], [5, at.EOS_ID]], [[8, 9, at.EOS_ID], [8]]
-    short = attention_maps.attention_weights(model, sources[1:], targets[1:])[0]
-    batched = attention_maps.attention_weights(model, sources, targets)[1]
-    for kind in attention_maps.KINDS:
+    short = attention_analysis.attention_weights(model, sources[1:], targets[1:])[0]
+    batched = attention_analysis.attention_weights(model, sources, targets)[1]
+    for kind in attention_analysis.KINDS:
         assert torch.allclose(short[kind], batched[kind], atol=1e-6), kind
 
 
@@ -89,15 +91,15 @@ def test_extraction_restores_the_fused_path(records):
 
 def test_json_round_trips(records, tmp_path):
     extracted = records[-1]
-    data = attention_maps.to_json(extracted, checkpoint="none", step=0)
+    data = attention_analysis.to_json(extracted, checkpoint="none", step=0)
     path = tmp_path / "attention.json"
     path.write_text(json.dumps(data))
-    loaded = attention_maps.load(path)
-    assert loaded["step"] == 0 and loaded["kinds"] == list(attention_maps.KINDS)
+    loaded = attention_analysis.load(path)
+    assert loaded["step"] == 0 and loaded["kinds"] == list(attention_analysis.KINDS)
     for record, entry in zip(extracted, loaded["sentences"]):
         assert entry["source"] == record["source"]
         assert entry["target_output"] == record["target_output"]
-        for kind in attention_maps.KINDS:
+        for kind in attention_analysis.KINDS:
             assert entry["attention"][kind].shape == record["attention"][kind].shape
             assert torch.allclose(entry["attention"][kind], record["attention"][kind], atol=5e-4)
 
@@ -114,7 +116,7 @@ def record_with(weights, source, target_output):
         "source": source,
         "target_input": ["<s>"] + target_output[:-1],
         "target_output": target_output,
-        "attention": {kind: weights for kind in attention_maps.KINDS},
+        "attention": {kind: weights for kind in attention_analysis.KINDS},
     }
 
 
@@ -127,7 +129,7 @@ def test_statistics_read_known_patterns():
     weights = torch.stack([diagonal, previous]).unsqueeze(0)
     source = ["Ein", "Mann", "singt", ".", "</s>"]
     record = record_with(weights, source, ["A", "man", "sings", ".", "</s>"])
-    stats = attention_maps.statistics([record])
+    stats = attention_analysis.statistics([record])
     own, back = stats["encoder_self"]
     assert own["self"] == 1.0 and own["previous"] == 0.0 and own["distance"] == 0.0
     assert back["previous"] == 1.0 and back["offset"] == -0.8 and back["peak"] == 1.0
@@ -137,14 +139,14 @@ def test_statistics_read_known_patterns():
 
 
 def test_lexicon_file_is_one_german_tab_english_pair_per_line():
-    lines = attention_maps.LEXICON_PATH.read_text(encoding="utf-8").splitlines()
+    lines = attention_analysis.LEXICON_PATH.read_text(encoding="utf-8").splitlines()
     pairs = [tuple(line.split("\t")) for line in lines if not line.startswith("#")]
     for pair in pairs:  # two fields, none blank or padded; English lower-case, as matched
         assert len(pair) == 2 and all(word and word == word.strip() for word in pair), pair
         assert pair[1] == pair[1].lower(), pair
     assert len(set(pairs)) == len(pairs), "duplicate pairs"
-    lexicon = attention_maps.read_lexicon()
-    assert attention_maps.book_lexicon() == lexicon
+    lexicon = attention_analysis.read_lexicon()
+    assert attention_analysis.book_lexicon() == lexicon
     assert sorted((de, en) for de, ens in lexicon.items() for en in ens) == sorted(pairs)
     assert lexicon["Foto"] == {"picture", "photo"} and lexicon["Mann"] == {"man"}
 
@@ -175,7 +177,7 @@ def test_statistics_averages_heads_over_sentences_and_alignment_over_pairs():
     }
     for record in (first, second):
         record["attention"] = {k: w.view(1, 1, *w.shape) for k, w in record["attention"].items()}
-    stats = attention_maps.statistics([first, second])
+    stats = attention_analysis.statistics([first, second])
     # first: self 5/6, next 1/4, punct_eos 1/3, offset = distance = 1/6, peak 5/6;
     # second: self 4/5, the </s> row 4 tokens back (offset -4/5, far 1/5), peak 1
     assert stats["encoder_self"] == [
@@ -190,16 +192,16 @@ def test_statistics_averages_heads_over_sentences_and_alignment_over_pairs():
          "reordered_aligned": 1.0, "reordered_chance": 0.2, "punct_eos": 0.358, "peak": 0.775}
     ]  # fmt: skip
     assert stats["decoder_self"][0]["self"] == 1.0
-    assert attention_maps.statistics([]) == {kind: [] for kind in attention_maps.KINDS}
+    assert attention_analysis.statistics([]) == {kind: [] for kind in attention_analysis.KINDS}
 
 
 def test_uniform_baseline():
     weights = torch.zeros(1, 1, 4, 4)
     record = record_with(weights, ["a", "b", "c", "</s>"], ["x", "y", "z", "</s>"])
-    uniform = attention_maps.uniform_like(record)["attention"]
+    uniform = attention_analysis.uniform_like(record)["attention"]
     assert torch.allclose(uniform["encoder_self"], torch.full((1, 1, 4, 4), 0.25))
     assert torch.allclose(uniform["decoder_self"][0, 0, 1], torch.tensor([0.5, 0.5, 0, 0]))
-    stats = attention_maps.statistics([attention_maps.uniform_like(record)])
+    stats = attention_analysis.statistics([attention_analysis.uniform_like(record)])
     assert stats["encoder_self"][0]["self"] == 0.25
 
 
@@ -340,12 +342,12 @@ def stored_sentence():
 
 
 def stored_data(snapshots=("7000", "average")):
-    """What attention_maps.load returns for the sentence above, with its statistics and
+    """What attention_analysis.load returns for the sentence above, with its statistics and
     snapshots (the same weights in each, the encoder's self statistic raised by 0.01 a
     snapshot)."""
     sentence = stored_sentence()
-    statistics = attention_maps.statistics([sentence])
-    uniform = attention_maps.statistics([attention_maps.uniform_like(sentence)])
+    statistics = attention_analysis.statistics([sentence])
+    uniform = attention_analysis.statistics([attention_analysis.uniform_like(sentence)])
     history = []
     for n, label in enumerate(snapshots):
         shifted = {kind: [dict(row) for row in rows] for kind, rows in statistics.items()}
@@ -368,7 +370,7 @@ def stored_data(snapshots=("7000", "average")):
 
 
 def test_listing_gives_each_sentence_with_translation_reference_and_purpose():
-    text = attention_maps.listing([stored_sentence()] * 2)
+    text = attention_analysis.listing([stored_sentence()] * 2)
     assert text.split("\n\n")[1].splitlines() == [
         "1. source:    Er sagt Mann.",
         "   our model: He says man.",
@@ -378,8 +380,8 @@ def test_listing_gives_each_sentence_with_translation_reference_and_purpose():
 
 
 def test_link_table_gives_every_heads_weight_and_a_summary_of_them():
-    links = attention_maps.link_table([stored_sentence()])
-    heads = attention_maps.head_columns(links)
+    links = attention_analysis.link_table([stored_sentence()])
+    heads = attention_analysis.head_columns(links)
     assert heads == ["1.1", "1.2", "2.1", "2.2"]  # not the count "heads > 0.5"
     (row,) = links.to_dict("records")
     assert (row["link"], row["kind"], row["sentence"], row["query"]) == (
@@ -396,30 +398,32 @@ def test_link_table_gives_every_heads_weight_and_a_summary_of_them():
 
 def test_head_table_is_indexed_by_head_with_uniform_attention_last():
     data = stored_data()
-    table = attention_maps.head_table(data, "encoder_self")
+    table = attention_analysis.head_table(data, "encoder_self")
     assert list(table.index) == ["1.1", "1.2", "2.1", "2.2", "uniform"]
     assert "layer" not in table and table.loc["uniform", "self"] == 0.25
-    source = attention_maps.head_table(data, "encoder_decoder")
+    source = attention_analysis.head_table(data, "encoder_decoder")
     assert source.loc["uniform", ["aligned", "reordered_aligned"]].isna().all()
     assert source.loc["2.2", "aligned"] == 1.0  # "says" and "man" (the lexicon) both hit
-    assert attention_maps.strongest_head(data["statistics"], "encoder_decoder", "aligned") == "2.2"
+    assert (
+        attention_analysis.strongest_head(data["statistics"], "encoder_decoder", "aligned") == "2.2"
+    )
     lowest = min(data["statistics"]["encoder_self"], key=lambda r: r["offset"])
-    found = attention_maps.strongest_head(data["statistics"], "encoder_self", "-offset")
+    found = attention_analysis.strongest_head(data["statistics"], "encoder_self", "-offset")
     assert found == f"{lowest['layer']}.{lowest['head']}"
 
 
 def test_top_words_name_each_heads_largest_weight_per_output_token():
-    table = attention_maps.top_words(stored_sentence(), 2, ["2.2"])
+    table = attention_analysis.top_words(stored_sentence(), 2, ["2.2"])
     assert list(table.index) == ["he", "says", "man", "</s>"]
     assert table["head 2.2"].tolist() == ["er 0.85", "sagt 0.85", "Mann 0.85", "Mann 0.85"]
 
 
 def test_link_and_claim_histories_have_one_column_per_snapshot():
     data = stored_data()
-    links = attention_maps.link_history(data)
+    links = attention_analysis.link_history(data)
     assert list(links.columns) == ["7000", "average"] and links.columns.name == "step"
     assert links.loc["er → Mann (pronoun-antecedent)"].tolist() == [0.9, 0.9]
-    claims = attention_maps.claim_history(data)
+    claims = attention_analysis.claim_history(data)
     assert list(claims.columns) == ["7000", "average"]
     assert claims.index[-1] == "enc-dec, diagonal baseline"
     assert claims.index[0].startswith("encoder ") and claims.index[0].endswith(", self")
@@ -447,7 +451,7 @@ def test_sentence_attention_draws_one_layer_with_the_tokens_of_its_kind():
 def test_head_table_figure_lays_out_heads_by_layer_and_marks_the_reference():
     import plots
 
-    table = attention_maps.head_table(stored_data(), "encoder_self")
+    table = attention_analysis.head_table(stored_data(), "encoder_self")
     fig = plots.head_table_figure(table, ["self", "peak"], "heads")
     panels = [ax for ax in fig.axes if ax.get_title()]
     assert [ax.get_title() for ax in panels] == [

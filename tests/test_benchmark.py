@@ -17,6 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import annotated_transformer as at
 import benchmark
+import benchmark_rows
 import flops
 import profiles
 import script_helpers as helpers
@@ -24,7 +25,7 @@ import stand_in
 from hardware import hardware_description
 from torch_transformer import TorchTransformer
 
-TINY = benchmark.CONFIGS["tiny"]
+TINY = benchmark_rows.CONFIGS["tiny"]
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LOCAL_COPY = pathlib.Path(
     os.environ.get("MULTI30K_DIR") or ROOT.parent / "shared" / "data" / "multi30k"
@@ -124,7 +125,7 @@ def test_the_baseline_has_our_parameter_count_plus_known_extras(name):
     # nn.MultiheadAttention has biases on W^Q, W^K, W^V and W^O (4 d_model in each of the
     # 3N attention modules) and nn.Transformer ends encoder and decoder with a LayerNorm
     # (2 d_model each); everything else (embeddings, feed-forward, generator) is the same
-    bench = benchmark.CONFIGS[name]
+    bench = benchmark_rows.CONFIGS[name]
     c = bench.model
     ours = at.count_parameters(at.build_model(bench.vocab, bench.vocab, c))
     theirs = at.count_parameters(TorchTransformer(bench.vocab, c))
@@ -191,8 +192,8 @@ def test_rounds_visit_the_rows_in_rotated_order():
     # every call of every row, in order: warm-up A B C, then rounds A B C, B C A, C A B,
     # each row's measurement a run of calls (the Timer's untimed sizing call, then its block)
     calls = []
-    rows = [benchmark.Row(key, key, lambda key=key: calls.append(key), 1) for key in "ABC"]
-    measured = benchmark.measure(rows, rounds=3, warmup=1, min_seconds=0.0, log=lambda _: None)
+    rows = [benchmark_rows.Row(key, key, lambda key=key: calls.append(key), 1) for key in "ABC"]
+    measured = benchmark_rows.measure(rows, rounds=3, warmup=1, min_seconds=0.0, log=lambda _: None)
     visits = [key for i, key in enumerate(calls) if i == 0 or calls[i - 1] != key]
     assert visits == list("ABC" + "ABC" + "BCA" + "CAB")
     assert [len(m) for m in measured] == [3, 3, 3]  # one Measurement per row and round
@@ -202,7 +203,7 @@ def test_rounds_visit_the_rows_in_rotated_order():
 def test_ratio_of_medians_lies_within_the_per_round_range():
     # rounds are paired: if a <= r * b in every round, median(a) <= r * median(b)
     rows = {"a": {"times_s": [1.0, 4.0, 2.0, 9.0]}, "b": {"times_s": [2.0, 2.0, 8.0, 3.0]}}
-    r = benchmark.ratio(rows, "a", "b")
+    r = benchmark_rows.ratio(rows, "a", "b")
     assert r["ratio"] == pytest.approx(3.0 / 2.5)
     assert r["paired_min"] == 0.25 and r["paired_max"] == 3.0 and r["paired_median"] == 1.25
     assert r["paired_min"] <= r["ratio"] <= r["paired_max"]
@@ -210,7 +211,7 @@ def test_ratio_of_medians_lies_within_the_per_round_range():
 
 def test_bf16_rows_train_on_a_cpu():
     # the code path, not the speed: autocast bf16 on a CPU that may only emulate it
-    rows = benchmark.training_rows(TINY, torch.device("cpu"), bf16=True)
+    rows = benchmark_rows.training_rows(TINY, torch.device("cpu"), bf16=True)
     assert [row.key for row in rows][-1] == "train/ours-fused-bf16"
     for row in rows:
         row.work()
@@ -223,7 +224,7 @@ def test_the_graphed_row_trains_the_model_it_is_given_on_the_benchmark_batch():
     torch.manual_seed(0)
     model = at.build_model(TINY.vocab, TINY.vocab, TINY.model)
     start = [p.detach().clone() for p in model.parameters()]
-    row = benchmark.graphed_row(TINY, model, torch.device("cpu"), eager_steps=1)
+    row = benchmark_rows.graphed_row(TINY, model, torch.device("cpu"), eager_steps=1)
     assert row.key == "train/ours-graphed" and row.updates == 1
     assert row.tokens == TINY.batch * TINY.seq
     assert row.flops == flops.training_flops(TINY.model, TINY.vocab, 4, src_len=6, tgt_len=6)
@@ -231,11 +232,11 @@ def test_the_graphed_row_trains_the_model_it_is_given_on_the_benchmark_batch():
     assert any(not torch.equal(a, b) for a, b in zip(start, after_warmup))  # 2 steps made
     row.work()
     assert any(not torch.equal(a, p) for a, p in zip(after_warmup, model.parameters()))
-    assert benchmark.graphed_row(TINY, model, torch.device("cpu"), amp=torch.bfloat16).key == (
+    assert benchmark_rows.graphed_row(TINY, model, torch.device("cpu"), amp=torch.bfloat16).key == (
         "train/ours-graphed-bf16"
     )
     compiled = torch.compile(model, backend="aot_eager")  # the wrapper names the row
-    assert benchmark.graphed_row(TINY, compiled, torch.device("cpu"), eager_steps=1).key == (
+    assert benchmark_rows.graphed_row(TINY, compiled, torch.device("cpu"), eager_steps=1).key == (
         "train/ours-compiled-graphed"
     )
 
@@ -245,12 +246,12 @@ def test_spread_batches_takes_the_middle_batch_of_equal_slices_of_lengths():
     # epoch's batches by length are the pairs of lengths 1, 2, ..., 12; in 4 slices of 3
     # the middle ones have lengths 2, 5, 8 and 11
     lengths = [(n, n) for n in (7, 3, 12, 1, 9, 5, 11, 2, 6, 10, 4, 8)]
-    chosen = benchmark.spread_batches(lengths, max_tokens=1, count=4)
+    chosen = benchmark_rows.spread_batches(lengths, max_tokens=1, count=4)
     assert [[lengths[i][0] for i in batch] for batch in chosen] == [[2], [5], [8], [11]]
     epoch = at.batch_by_tokens(lengths, 1, seed=0)  # as training cuts (and shuffles) them
     assert all(batch in epoch for batch in chosen)
     with pytest.raises(ValueError, match="count must be in 1..12"):
-        benchmark.spread_batches(lengths, max_tokens=1, count=13)
+        benchmark_rows.spread_batches(lengths, max_tokens=1, count=13)
 
 
 def test_real_token_flops_count_each_pair_at_its_own_lengths():
@@ -283,13 +284,13 @@ def test_side_by_side_pairs_rows_of_the_same_precision_only():
             "train/ours-fused-bf16": row(2000.0, 0.5, 0.5, 0.5),
         }
     }
-    table = benchmark.side_by_side(run)
+    table = benchmark_rows.side_by_side(run)
     assert list(table) == ["float32"]
     assert table["float32"]["ours"] == 900.0 and table["float32"]["torch.nn.Transformer"] == 800.0
     ratio = table["float32"]["time ratio"]
     assert ratio["ratio"] == 1.0 and (ratio["paired_min"], ratio["paired_max"]) == (0.5, 1.5)
     run["rows"]["train/torch-bf16"] = row(1600.0, 1.0, 1.0, 1.0)
-    table = benchmark.side_by_side(run)
+    table = benchmark_rows.side_by_side(run)
     assert list(table) == ["float32", "bf16 autocast"]
     assert table["bf16 autocast"]["time ratio"]["ratio"] == 0.5
 
@@ -302,12 +303,12 @@ def multi30k(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MULTI30K_DIR", str(LOCAL_COPY))
         cache = tmp_path_factory.mktemp("tokenizers")
-        return benchmark.profile_data(benchmark.CONFIGS["multi30k"], cache), cache
+        return benchmark_rows.profile_data(benchmark_rows.CONFIGS["multi30k"], cache), cache
 
 
 def test_the_training_sized_row_trains_on_real_multi30k_batches(multi30k, monkeypatch):
     data, cache = multi30k
-    bench, profile = benchmark.CONFIGS["multi30k"], profiles.PROFILES["multi30k"]
+    bench, profile = benchmark_rows.CONFIGS["multi30k"], profiles.PROFILES["multi30k"]
     assert (bench.profile, bench.corpus) == ("multi30k", "multi30k")
     monkeypatch.setenv("MULTI30K_DIR", str(LOCAL_COPY))
     pairs = helpers.load_multi30k("train")
@@ -331,7 +332,7 @@ def test_the_training_sized_row_trains_on_real_multi30k_batches(multi30k, monkey
     for batch, record in zip(data.chosen, data.record["batches"]):
         padded = len(batch) * max(record["source_length"], record["target_length"] + 1)
         assert record["sentences"] == len(batch) and padded <= profile.max_tokens
-    rows = benchmark.profile_rows(data, torch.device("cpu"), bf16=False)
+    rows = benchmark_rows.profile_rows(data, torch.device("cpu"), bf16=False)
     assert [row.key for row in rows] == ["train/ours-fused", "train/torch"]
     for row in rows:
         assert row.tokens == sum(targets) and row.updates == 4
@@ -349,24 +350,24 @@ def test_the_training_sized_row_trains_on_real_multi30k_batches(multi30k, monkey
 
 
 def test_profile_rows_train_ours_and_the_twin_on_the_same_batches(tmp_path):
-    data = benchmark.profile_data(benchmark.CONFIGS["tiny-profile"], tmp_path)
-    rows = benchmark.profile_rows(data, torch.device("cpu"), bf16=True)
+    data = benchmark_rows.profile_data(benchmark_rows.CONFIGS["tiny-profile"], tmp_path)
+    rows = benchmark_rows.profile_rows(data, torch.device("cpu"), bf16=True)
     keys = ["train/ours-fused", "train/torch", "train/ours-fused-bf16", "train/torch-bf16"]
     assert [row.key for row in rows] == keys
     seen = []
-    original = benchmark.train_step_amp
+    original = benchmark_rows.train_step_amp
 
     def recording(model, batch, *args, **kwargs):
         name, ntokens = type(model).__name__, int(batch.ntokens)
         seen.append((name, batch.src.shape, ntokens, kwargs.get("amp")))
         return original(model, batch, *args, **kwargs)
 
-    benchmark.train_step_amp = recording
+    benchmark_rows.train_step_amp = recording
     try:
         for row in rows:
             row.work()
     finally:
-        benchmark.train_step_amp = original
+        benchmark_rows.train_step_amp = original
     shapes = [(len(b), max(data.corpus.lengths[i][0] for i in b)) for b in data.chosen]
     tokens = [data.corpus.target_tokens(b) for b in data.chosen]
     expected = [
@@ -410,7 +411,7 @@ def test_the_bf16_column_appears_exactly_when_the_cpu_has_native_bf16(
     bf16 = {"train/ours-fused-bf16", "train/torch-bf16"}
     assert set(run["rows"]) == {"train/ours-fused", "train/torch"} | (bf16 if native else set())
     assert set(run["skipped"]) == (set() if native else bf16)
-    columns = list(benchmark.side_by_side(run))
+    columns = list(benchmark_rows.side_by_side(run))
     assert columns == (["float32", "bf16 autocast"] if native else ["float32"])
 
 
@@ -483,7 +484,7 @@ def test_quick_run_writes_json_with_every_row_and_ratio(tmp_path, capsys):
     assert len(hardware["load_average_start"]) == len(hardware["load_average_end"]) == 3
     assert hardware["gpu"] is None and hardware["gpu_bf16_peak_flops"] is None
     assert results["settings"]["rounds"] == 2 and results["settings"]["decode_end_symbol"] == -1
-    assert list(results["runs"]) == benchmark.QUICK == ["tiny", "tiny-profile"]
+    assert list(results["runs"]) == benchmark_rows.QUICK == ["tiny", "tiny-profile"]
     run = results["runs"]["tiny"]
     expected = {
         "train/ours-fused",
@@ -508,7 +509,7 @@ def test_quick_run_writes_json_with_every_row_and_ratio(tmp_path, capsys):
     assert run["rows"]["train/torch"]["flops"] == run["flops"]["training_step"]
     assert run["flops"]["forward"] == flops.forward_flops(TINY.model, 64, 4, src_len=6, tgt_len=6)
     assert run["rows"]["decode/beam-cache"]["tokens"] == 4 * 6
-    labels = [label for a, b, label in benchmark.RATIOS if {a, b} <= set(run["rows"])]
+    labels = [label for a, b, label in benchmark_rows.RATIOS if {a, b} <= set(run["rows"])]
     assert list(run["ratios"]) == labels and len(labels) >= 6
     for label, r in run["ratios"].items():
         a, b = (run["rows"][key]["median_s"] for key in (r["numerator"], r["denominator"]))
@@ -531,7 +532,7 @@ def test_quick_run_writes_json_with_every_row_and_ratio(tmp_path, capsys):
         assert row["tokens"] == tokens and row["updates"] == 2
         assert row["seconds_per_update"] == pytest.approx(row["median_s"] / 2)
         assert row["flops"] == profile["flops"]["per_call"] == 2 * profile["flops"]["training_step"]
-    float32 = benchmark.side_by_side(profile)["float32"]
+    float32 = benchmark_rows.side_by_side(profile)["float32"]
     assert float32["ours"] == profile["rows"]["train/ours-fused"]["tokens_per_s"]
     assert f"target tokens/s, float32: ours {float32['ours']:,.0f}" in printed
 
@@ -549,7 +550,9 @@ def test_a_decoding_calls_flops_grow_in_proportion_to_its_batch():
     # the Performance page counts the base model's decoding on an eighth of its batch
     counts = []
     for batch in (2, 4):
-        rows = benchmark.decoding_rows(replace(benchmark.CONFIGS["tiny"], batch=batch), "cpu")
+        rows = benchmark_rows.decoding_rows(
+            replace(benchmark_rows.CONFIGS["tiny"], batch=batch), "cpu"
+        )
         for row in rows:
             with FlopCounterMode(display=False) as count:
                 row.work()

@@ -121,6 +121,30 @@ def test_every_page_imports_only_modules_built_by_it_or_by_earlier_pages():
     assert not reaching, reaching
 
 
+def scripts():
+    """The commands of code/: the files with a __main__ block."""
+    return {
+        path.stem
+        for path in export.MODULE.parent.glob("*.py")
+        if 'if __name__ == "__main__":' in path.read_text()
+    }
+
+
+def test_no_page_imports_a_script():
+    """A page reads its helpers from modules named for their jobs (attention_analysis, table3,
+    benchmark_rows, recipe_trials, ...), never from a command, which it may only quote. The
+    one exception: the map of the code reads the generator's own plan of where cells go."""
+    assert {"attention_maps", "variations", "benchmark", "recipe_search"} <= scripts()
+    commands, importing = scripts(), []
+    for path in sorted((export.ROOT / "chapters").glob("*.ipynb")):
+        allowed = {"export"} if path.stem == "map" else set()
+        for number, cell in enumerate(json.loads(path.read_text())["cells"], start=1):
+            if cell["cell_type"] == "code":
+                found = imported_in("".join(cell["source"])) & commands - allowed
+                importing += [f"{path.stem}, cell {number}: {m}" for m in sorted(found)]
+    assert not importing, importing
+
+
 def _project(tmp_path, pages):
     """A small book in tmp_path: {page name: [cell sources]}, in reading order, the first
     being the paper's page."""

@@ -12,6 +12,7 @@ import torch
 import annotated_transformer as at
 import profiles
 import script_helpers as helpers
+import table3
 import variations
 from toy import toy_ids, toy_pairs
 
@@ -154,7 +155,7 @@ def test_smaller_d_k_has_fewer_parameters():
 def test_learned_positions_add_one_table_per_stack():
     """(E): a trained (max_len, d_model) table for the encoder's input and one for the
     decoder's, in place of the fixed sinusoids, which have no parameters."""
-    for config in (PAPER_BASE, variations.SCALES["cpu"].base):
+    for config in (PAPER_BASE, table3.SCALES["cpu"].base):
         learned = profiles.apply_changes(config, {"positions": "learned"})
         extra = paper_scale_parameters(learned) - paper_scale_parameters(config)
         assert extra == 2 * config.model.max_len * config.model.d_model
@@ -173,7 +174,7 @@ CPU_LABELS = [r.label for r in at.TABLE3_ROWS if r.label != "big"]
 
 
 def test_cpu_rows_cover_the_papers_rows_but_big():
-    assert list(variations.CPU_ROWS) == CPU_LABELS
+    assert list(table3.CPU_ROWS) == CPU_LABELS
 
 
 def value_of(config, name):
@@ -188,7 +189,7 @@ def value_of(config, name):
     "row", [r for r in at.TABLE3_ROWS if r.label in CPU_LABELS], ids=lambda row: row.label
 )
 def test_each_cpu_row_changes_the_papers_fields_in_the_papers_direction(row):
-    ours, cpu_base = variations.CPU_ROWS[row.label], variations.SCALES["cpu"].base
+    ours, cpu_base = table3.CPU_ROWS[row.label], table3.SCALES["cpu"].base
     assert set(row.changes) <= set(ours)
     scaled, paper = (
         profiles.apply_changes(cpu_base, ours),
@@ -223,7 +224,7 @@ def test_command_line_writes_the_csv_and_skips_finished_runs(tmp_path, toy_data,
     assert variations.main(flags) == 0
     with open(tmp_path / "variations.csv", newline="") as file:
         rows = list(csv.DictReader(file))
-    assert list(rows[0]) == variations.COLUMNS
+    assert list(rows[0]) == table3.COLUMNS
     assert [(r["row"], r["seed"]) for r in rows] == [
         ("base", "0"),
         ("base", "1"),
@@ -253,7 +254,7 @@ def test_the_logged_train_py_command_rebuilds_the_variant():
     import script_helpers as helpers
     import train
 
-    config = profiles.apply_changes(variations.SCALES["cpu"].base, {"h": 1, "d_k": 256, "d_v": 256})
+    config = profiles.apply_changes(table3.SCALES["cpu"].base, {"h": 1, "d_k": 256, "d_v": 256})
     command = helpers.command_for(config)
     assert command.startswith("python code/train.py --profile quick")
     for flag in ("--h 1", "--d-k 256", "--d-v 256", "--N 3", "--vocab-size 5000"):
@@ -290,8 +291,8 @@ def test_the_shipped_table_has_every_column_that_identifies_a_run():
     path = pathlib.Path(__file__).parent.parent / "results" / "table3" / "variations.csv"
     with open(path, newline="") as file:
         rows = list(csv.DictReader(file))
-    assert rows and set(variations.IDENTITY) <= set(rows[0])
-    empty = [(r["row"], k) for r in rows for k in variations.IDENTITY if not r[k]]
+    assert rows and set(table3.IDENTITY) <= set(rows[0])
+    empty = [(r["row"], k) for r in rows for k in table3.IDENTITY if not r[k]]
     assert set(empty) <= {("base", "changes")}  # the base row changes nothing
     assert {r["train_pairs"] for r in rows} == {"29000"}  # trained on all of Multi30k train
 
@@ -378,7 +379,7 @@ MADE_UP_ROWS = {"base": {}, "(B) d_k=16": {"d_k": 8}, "(C) N=2": {"N": 1}}
 
 
 def test_paper_table_prints_every_row_and_leaves_blank_parameter_cells_blank():
-    table = variations.paper_table(at.TABLE3_ROWS)
+    table = table3.paper_table(at.TABLE3_ROWS)
     assert list(table.index) == [row.label for row in at.TABLE3_ROWS]
     assert table.loc["base"].tolist() == [4.92, 25.8, 65, "100K"]
     assert table.loc["(A) h=1, d_k=512, d_v=512", "params ×10⁶"] == ""
@@ -386,15 +387,15 @@ def test_paper_table_prints_every_row_and_leaves_blank_parameter_cells_blank():
 
 
 def test_scaled_rows_describe_the_base_model_and_each_change():
-    table = variations.scaled_rows(variations.SCALES["cpu"])
-    assert list(table.index) == list(variations.CPU_ROWS)
+    table = table3.scaled_rows(table3.SCALES["cpu"])
+    assert list(table.index) == list(table3.CPU_ROWS)
     assert table.loc["base", "ours"] == "N=3 d_model=256 d_ff=512 h=8 d_k=d_v=32"
     assert table.loc["(C) N=2", "ours"] == "N=1"
 
 
 def test_compare_sets_each_seed_against_the_base_run_of_the_same_seed():
     paper_rows = {row.label: row for row in at.TABLE3_ROWS}
-    table = variations.compare(made_up_results(), paper_rows, MADE_UP_ROWS)
+    table = table3.compare(made_up_results(), paper_rows, MADE_UP_ROWS)
     assert list(table.index) == list(MADE_UP_ROWS)
     b = table.loc["(B) d_k=16"]
     # per seed +10%, +5%, +10% over the base run of that seed: mean 8.3, range 5 to 10
@@ -410,13 +411,13 @@ def test_compare_sets_each_seed_against_the_base_run_of_the_same_seed():
 
 
 def test_paired_changes_set_each_seed_against_its_base_run_and_the_spread_of_the_changes():
-    table = variations.paired_changes(made_up_results())
+    table = table3.paired_changes(made_up_results())
     assert list(table.index) == ["(B) d_k=16", "(C) N=2"]
     b = table.loc["(B) d_k=16"]
     # +10%, +5%, +10%: mean 8.33, sd 2.89, t = 8.33 / (2.89 / sqrt 3) = 5.0
     assert b.loc[[0, 1, 2]].tolist() == pytest.approx([10.0, 5.0, 10.0])
     assert (b["mean"], b["sd"], b["t"]) == pytest.approx((25 / 3, 5 / 3**0.5, 5.0))
-    points = variations.paired_changes(made_up_results(), "val_bleu", percent=False)
+    points = table3.paired_changes(made_up_results(), "val_bleu", percent=False)
     assert points.loc["(C) N=2", [0, 1, 2]].tolist() == pytest.approx([1.0, 0.0, 0.5])
     assert points.loc["(C) N=2", "t"] == pytest.approx(0.5 / (0.5 / 3**0.5))
 
@@ -425,7 +426,7 @@ def test_the_comparison_charts_draw_every_row_from_the_comparison_table():
     import plots
 
     paper_rows = {row.label: row for row in at.TABLE3_ROWS}
-    table = variations.compare(made_up_results(), paper_rows, MADE_UP_ROWS)
+    table = table3.compare(made_up_results(), paper_rows, MADE_UP_ROWS)
     series = ("the paper's rows", "rows of a run")
     bars = plots.table3_comparison(table, 2.5, series, title="changes").axes[0]
     labels = [tick.get_text() for tick in bars.get_yticklabels()]
@@ -449,3 +450,10 @@ def test_a_size_point_is_labelled_by_what_its_row_changes(ours, label):
     import plots
 
     assert plots._short_change(ours) == label
+
+
+def test_the_sweeps_flags_keep_its_gpu_steps_eager_and_its_recipe_the_cpu_scales():
+    """Chapter 6.2 quotes the command of its GPU runs, whose steps were eager: the flags say
+    so, and change nothing else of the recipe."""
+    flags = variations.parse_args(["--out", "sweep", "--no-cuda-graphs", "--no-buckets"])
+    assert helpers.given_changes(flags) == {"cuda_graphs": False, "buckets": False}
