@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from torch import nn
 
+from checks import InputError, check_rules, is_positive_int, numeric, positive_int
 from safe_files import atomic_file
 
 # --------------------------------------------------------------------------------------
@@ -303,21 +304,6 @@ class Generator(nn.Module):
 # 3.5 Positional Encoding, from chapters/03_5_positional_encoding.ipynb
 # --------------------------------------------------------------------------------------
 
-class InputError(ValueError):
-    """A value given to the code is wrong; the message names it and says how to fix it."""
-
-
-def is_positive_int(value):
-    return type(value) is int and value > 0  # True is an int to Python, but no count
-
-
-def positive_int(name, value):
-    """value, if it is a positive integer; otherwise an InputError naming it."""
-    if not is_positive_int(value):
-        raise InputError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
 def positional_encoding(max_len, d_model):
     """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i / d_model)), PE(pos, 2i+1) = cos(same).
     Returns the (max_len, d_model) float32 table; d_model is even (ModelConfig checks it),
@@ -414,32 +400,28 @@ class ModelConfig:
     attention_dropout: float = 0.0
     relu_dropout: float = 0.0
 
+    def rules(self):
+        """{field: (what it must be, a test)}, which check_rules reads (TrainConfig's too)."""
+        count = ("a positive integer", is_positive_int)
+        width = ("a positive integer or None (d_model / h)", lambda v: v is None or count[1](v))
+        probability = ("a probability in [0, 1)", lambda v: numeric(v) and 0 <= v < 1)
+        shape = "'sinusoidal' (§3.5) or 'learned' (Table 3 row E)"
+        return (
+            dict.fromkeys(("N", "d_model", "d_ff", "h", "max_len"), count)
+            | dict.fromkeys(("d_k", "d_v"), width)
+            | {"positions": (shape, lambda v: v in ("sinusoidal", "learned"))}
+            | dict.fromkeys(("dropout", "attention_dropout", "relu_dropout"), probability)
+        )
+
     def __post_init__(self):
-        check_model_config(self)  # below: a bad value raises an InputError naming it
-
-
-def check_model_config(c):
-    """Raise an InputError naming the first field of ModelConfig `c` that cannot build a model."""
-    for name in ("N", "d_model", "d_ff", "h", "max_len", "d_k", "d_v"):
-        value = getattr(c, name)
-        if value is None and name in ("d_k", "d_v"):
-            continue  # d_model / h
-        positive_int(name, value)
-    if (c.d_k is None or c.d_v is None) and c.d_model % c.h:
-        raise InputError(
-            f"d_model={c.d_model} is not divisible by h={c.h}: the paper uses "
-            f"d_k = d_v = d_model / h; pick an h that divides d_model or set d_k and d_v"
-        )
-    if c.d_model % 2:
-        raise InputError(f"d_model={c.d_model} must be even for the sinusoidal encoding (§3.5)")
-    if c.positions not in ("sinusoidal", "learned"):
-        raise InputError(
-            f"positions must be 'sinusoidal' (§3.5) or 'learned' (Table 3 row E), "
-            f"got {c.positions!r}"
-        )
-    for name in ("dropout", "attention_dropout", "relu_dropout"):
-        if not 0.0 <= getattr(c, name) < 1.0:
-            raise InputError(f"{name} must be a probability in [0, 1), got {getattr(c, name)!r}")
+        check_rules(self)  # each field on its own, then how they fit together
+        if (self.d_k is None or self.d_v is None) and self.d_model % self.h:
+            raise InputError(
+                f"d_model={self.d_model} is not divisible by h={self.h}: the paper uses "
+                f"d_k = d_v = d_model / h; pick an h that divides d_model or set d_k and d_v"
+            )
+        if self.d_model % 2:
+            raise InputError(f"d_model={self.d_model} must be even for the sinusoids (§3.5)")
 
 
 BASE = ModelConfig()
@@ -675,10 +657,6 @@ class EncodedCorpus:
         return Batch.from_tensors(src, tgt, self.target_tokens(indices), pad_id=self.pad_id)
 
 
-def numeric(v):
-    return isinstance(v, int | float) and not isinstance(v, bool)  # True is an int in Python
-
-
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """The recipe of §5 for one training run: the architecture and how it is trained.
@@ -718,9 +696,7 @@ class TrainConfig:
         return rules
 
     def __post_init__(self):
-        for name, (rule, holds) in self.rules().items():
-            if not holds(getattr(self, name)):
-                raise InputError(f"{name} must be {rule}, got {getattr(self, name)!r}")
+        check_rules(self)  # as ModelConfig's
 
 
 def rate(step, d_model, lr_factor=1.0, *, warmup_steps=4000):

@@ -279,11 +279,28 @@ def test_pre_ln_is_an_option_with_a_final_norm():
         ({"h": 0}, "h must be a positive integer"),
         ({"dropout": 1.5}, "dropout must be a probability"),
         ({"max_len": 0}, "max_len must be a positive integer"),
+        ({"d_k": 0}, r"d_k must be a positive integer or None \(d_model / h\), got 0"),
+        ({"d_v": 2.0}, "d_v must be a positive integer or None"),
+        ({"dropout": "0.1"}, "dropout must be a probability in \\[0, 1\\), got '0.1'"),
+        ({"relu_dropout": True}, "relu_dropout must be a probability"),  # True is no rate
+        ({"positions": "rope"}, "positions must be 'sinusoidal' .* got 'rope'"),
+        ({"d_model": 15, "h": 5}, "d_model=15 must be even for the sinusoids"),
     ],
 )
 def test_bad_sizes_raise_value_error_naming_the_argument(options, named):
     with pytest.raises(ValueError, match=named):
         at.make_model(13, 13, **options)
+
+
+def test_model_and_train_configs_check_their_fields_alike():
+    """Both refuse a bad field with the same words, from their own rules (check_rules)."""
+    import checks
+
+    for config, field, value in ((at.ModelConfig, "N", 0), (at.TrainConfig, "max_steps", 0)):
+        with pytest.raises(checks.InputError) as refused:
+            config(**{field: value})
+        assert str(refused.value) == f"{field} must be a positive integer, got 0"
+    assert at.InputError is checks.InputError  # the one error every layer raises
 
 
 def test_bad_vocabularies_raise_value_error():
