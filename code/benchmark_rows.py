@@ -111,14 +111,20 @@ def training_rows(bench, device, bf16, *, compile=False, mode=None):
         torch.manual_seed(0)  # the same initial weights for every copy of our model
         return at.build_model(bench.vocab, bench.vocab, replace(bench.model, fused=fused))
 
-    def row(key, label, model, amp=None):
+    def row(key, label, model, autocast=None):
         model.to(device).train()
         optimizer, scheduler = at.make_optimizer(model, bench.model.d_model)
         scaler = torch.amp.GradScaler(device.type, enabled=False)  # bf16 needs no scaling
 
         def work():
             train_step_amp(
-                model, batch, optimizer, scheduler=scheduler, scaler=scaler, smoothing=0.1, amp=amp
+                model,
+                batch,
+                optimizer,
+                scheduler=scheduler,
+                scaler=scaler,
+                smoothing=0.1,
+                autocast=autocast,
             )
 
         return Row(key, label, work, batch.ntokens, flops, 1)
@@ -135,17 +141,19 @@ def training_rows(bench, device, bf16, *, compile=False, mode=None):
         rows.append(row("train/ours-fused-bf16", label, ours(True), torch.bfloat16))
     if device.type != "cuda":
         return rows
-    amp = torch.bfloat16 if bf16 else None
-    rows.append(graphed_row(bench, ours(True), device, amp=amp))
+    autocast = torch.bfloat16 if bf16 else None
+    rows.append(graphed_row(bench, ours(True), device, autocast=autocast))
     if compile:
-        key, precision = ("compiled-bf16", "bf16 autocast") if amp else ("compiled", "float32")
+        key, precision = ("compiled-bf16", "bf16 autocast") if autocast else ("compiled", "float32")
         label = f"ours compiled, fused attention, {precision}"
-        rows.append(row(f"train/ours-{key}", label, torch.compile(ours(True), mode=mode), amp))
-        rows.append(graphed_row(bench, torch.compile(ours(True), mode=mode), device, amp=amp))
+        rows.append(row(f"train/ours-{key}", label, torch.compile(ours(True), mode=mode), autocast))
+        rows.append(
+            graphed_row(bench, torch.compile(ours(True), mode=mode), device, autocast=autocast)
+        )
     return rows
 
 
-def graphed_row(bench, model, device, *, amp=None, eager_steps=3):
+def graphed_row(bench, model, device, *, autocast=None, eager_steps=3):
     """The same step replayed as one CUDA graph (graphs.GraphedTrainStep, the CUDA graphs page):
     capturable fused AdamW, the learning rate on the device. Its warm-up steps and the
     capture happen here, before any timing; on a CPU the step runs eagerly."""
@@ -156,7 +164,7 @@ def graphed_row(bench, model, device, *, amp=None, eager_steps=3):
     d_model = bench.model.d_model
     optimizer, schedule = graphs.make_capturable_optimizer(model, d_model, max_steps=100)
     runner = graphs.GraphedTrainStep(
-        model, optimizer, schedule, smoothing=0.1, amp=amp, eager_steps=eager_steps
+        model, optimizer, schedule, smoothing=0.1, autocast=autocast, eager_steps=eager_steps
     )
     for _ in range(eager_steps + 1):  # the eager warm-up, then the capture
         runner(src, tgt, ntokens)
@@ -165,7 +173,7 @@ def graphed_row(bench, model, device, *, amp=None, eager_steps=3):
         runner(src, tgt, ntokens)
 
     compiled = "-compiled" if hasattr(model, "_orig_mod") else ""  # a torch.compile wrapper
-    key, precision = ("graphed-bf16", "bf16 autocast") if amp else ("graphed", "float32")
+    key, precision = ("graphed-bf16", "bf16 autocast") if autocast else ("graphed", "float32")
     label = f"ours{compiled.replace('-', ' ')}, fused attention, {precision}, one CUDA graph"
     return Row(f"train/ours{compiled}-{key}", label, work, ntokens, bench_flops(bench), 1)
 
@@ -257,7 +265,7 @@ def profile_rows(data, device, bf16):
     tokens = sum(data.corpus.target_tokens(indices) for indices in data.chosen)
     flops = sum(data.step_flops())
 
-    def row(key, label, build, amp=None):
+    def row(key, label, build, autocast=None):
         torch.manual_seed(config.seed)
         network = build().to(device).train()
         optimizer, scheduler = at.make_optimizer(
@@ -278,7 +286,7 @@ def profile_rows(data, device, bf16):
                     scheduler=scheduler,
                     scaler=scaler,
                     smoothing=config.smoothing,
-                    amp=amp,
+                    autocast=autocast,
                 )
 
         return Row(key, label, work, tokens, flops, len(batches))

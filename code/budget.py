@@ -69,13 +69,18 @@ class PartClock(torch.amp.GradScaler):
         return optimizer.step(*args, **kwargs)
 
 
-def timed_update(state, batch_indices, corpus, *, smoothing, amp):
+def timed_update(state, batch_indices, corpus, *, smoothing, autocast):
     """One update by train_step_amp on a CPU, with the time of each of PARTS: the cut, the
     forward pass with the loss, the backward pass, and the optimizer with the schedule."""
     clock, started = PartClock(), time.perf_counter()
     batch = bucketed_batch(corpus, batch_indices, (1,))
     clock.times.append(time.perf_counter())
-    parts = {"scheduler": state.scheduler, "scaler": clock, "smoothing": smoothing, "amp": amp}
+    parts = {
+        "scheduler": state.scheduler,
+        "scaler": clock,
+        "smoothing": smoothing,
+        "autocast": autocast,
+    }
     train_step_amp(state.model, batch, state.optimizer, **parts)
     ends = [started, *clock.times, time.perf_counter()]
     return {part: end - start for part, start, end in zip(PARTS, ends, ends[1:])}
@@ -84,26 +89,33 @@ def timed_update(state, batch_indices, corpus, *, smoothing, amp):
 def update_parts(config, corpus, vocab, *, steps, rounds):
     """{precision: {part: median seconds}} over `rounds` interleaved rounds of steps/rounds
     updates each (a change of load hits both precisions alike), after 5 untimed updates."""
-    amps = {"float32": None} | ({"bfloat16": torch.bfloat16} if native_bf16("cpu") else {})
+    autocasts = {"float32": None} | ({"bfloat16": torch.bfloat16} if native_bf16("cpu") else {})
     per_round, updates, epoch = -(-steps // rounds), [], 0
     while len(updates) < 5 + per_round * rounds:  # a small corpus: the next epochs' too
         updates += training.epoch_updates(corpus, config, epoch)
         epoch += 1
-    states = {name: training.RunState.new(config, vocab, amp=amp) for name, amp in amps.items()}
-    times = {name: {part: [] for part in PARTS} for name in amps}
-    for name, amp in amps.items():  # untimed: the first calls allocate and plan
+    states = {
+        name: training.RunState.new(config, vocab, autocast=autocast)
+        for name, autocast in autocasts.items()
+    }
+    times = {name: {part: [] for part in PARTS} for name in autocasts}
+    for name, autocast in autocasts.items():  # untimed: the first calls allocate and plan
         for group in updates[:5]:
-            timed_update(states[name], group[0], corpus, smoothing=config.smoothing, amp=amp)
+            timed_update(
+                states[name], group[0], corpus, smoothing=config.smoothing, autocast=autocast
+            )
 
     def round_of_updates(name, r):  # round r's updates of one precision, split into parts
-        start, amp = 5 + r * per_round, amps[name]
+        start, autocast = 5 + r * per_round, autocasts[name]
         return [
-            timed_update(states[name], group[0], corpus, smoothing=config.smoothing, amp=amp)
+            timed_update(
+                states[name], group[0], corpus, smoothing=config.smoothing, autocast=autocast
+            )
             for group in updates[start : start + per_round]
         ]
 
     found = timing.interleaved_rounds(
-        {name: name for name in amps}, rounds=rounds, measure=round_of_updates
+        {name: name for name in autocasts}, rounds=rounds, measure=round_of_updates
     )
     for name, per_round_parts in found.items():
         for parts in (p for one_round in per_round_parts for p in one_round):

@@ -143,10 +143,12 @@ class GraphedTrainStep:
     the parameters, gradients and optimizer state: load checkpoints before the first step.
     On a CPU (or `meta`) every batch runs the same step eagerly."""
 
-    def __init__(self, model, optimizer, schedule, *, smoothing, amp=None, eager_steps=3):
+    def __init__(self, model, optimizer, schedule, *, smoothing, autocast=None, eager_steps=3):
         if eager_steps < 1:  # the optimizer's state must exist before a capture
             raise InputError(f"eager_steps must be at least 1, got {eager_steps}")
-        self.step = capturable_step(model, optimizer, schedule, smoothing=smoothing, amp=amp)
+        self.step = capturable_step(
+            model, optimizer, schedule, smoothing=smoothing, autocast=autocast
+        )
         self.device, self.eager_steps = schedule.lr.device, eager_steps
         self.graphed = self.device.type == "cuda"
         self.shapes, self.masks = {}, {}

@@ -17,14 +17,23 @@ from precision import mixed_precision
 # --------------------------------------------------------------------------------------
 
 def train_step_amp(
-    model, batch, optimizer, *, scheduler, scaler, smoothing, ntokens=None, amp=None, captured=False
+    model,
+    batch,
+    optimizer,
+    *,
+    scheduler,
+    scaler,
+    smoothing,
+    ntokens=None,
+    autocast=None,
+    captured=False,
 ):
     """train_step (chapter 5) in mixed precision, for one process's share of an update: the
-    loss averaged over `ntokens` target tokens (the batch's own by default). amp: an
-    autocast dtype or None; scaler: a torch.amp.GradScaler, disabled unless amp is float16;
+    loss averaged over `ntokens` target tokens (the batch's own by default). autocast: an
+    autocast dtype or None; scaler: a torch.amp.GradScaler, disabled unless autocast is float16;
     captured: the step is recorded in a CUDA graph (capturable_step). Returns [loss, nll]
     summed over the batch, on the device."""
-    with mixed_precision(batch.src.device.type, amp, cache=not captured):
+    with mixed_precision(batch.src.device.type, autocast, cache=not captured):
         loss, nll = forward_loss(model, batch, smoothing)
     scaler.scale(loss / (ntokens or batch.ntokens)).backward()
     scale = scaler.get_scale() if scaler.is_enabled() else None
@@ -36,12 +45,12 @@ def train_step_amp(
     return torch.stack([loss.detach(), nll])
 
 
-def capturable_step(model, optimizer, schedule, *, smoothing, amp=None):
+def capturable_step(model, optimizer, schedule, *, smoothing, autocast=None):
     """CUDA graphs: train_step_amp as a function of tensors alone, that a CUDA graph can
     capture. step(src, tgt, ntokens, causal): source ids (batch, S), target ids with <s> and
     </s> (batch, T + 1), the real target tokens (a number, or a tensor on the device), and
     subsequent_mask(T) on the device; returns [loss, nll] summed over the batch."""
-    if amp == torch.float16:
+    if autocast == torch.float16:
         raise InputError("float16 needs a gradient scaler, which reads the device: use bf16")
     no_scaler = torch.amp.GradScaler(enabled=False)  # float32 and bfloat16 need none
 
@@ -52,6 +61,6 @@ def capturable_step(model, optimizer, schedule, *, smoothing, amp=None):
         masks["tgt_mask"] = padding_mask(tgt_in, PAD_ID) & causal
         batch = Batch(src, tgt_in, tgt_y, ntokens=ntokens, **masks)
         parts = {"scheduler": schedule, "scaler": no_scaler, "smoothing": smoothing}
-        return train_step_amp(model, batch, optimizer, **parts, amp=amp, captured=True)
+        return train_step_amp(model, batch, optimizer, **parts, autocast=autocast, captured=True)
 
     return step

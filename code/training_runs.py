@@ -78,23 +78,30 @@ def race_precisions(config, corpus, vocab, *, rounds=5):
     plan = epoch_updates(corpus, config, epoch=0)[: rounds + 1]
     batches = [corpus.batch(indices) for indices, *_ in plan]
     with torch.random.fork_rng():
-        runs = {amp: RunState.new(config, vocab, amp=amp) for amp in (None, torch.bfloat16)}
+        runs = {
+            dtype: RunState.new(config, vocab, autocast=dtype) for dtype in (None, torch.bfloat16)
+        }
 
-        def update(amp, i):  # on the i-th batch; a short epoch repeats its batches
-            run, batch = runs[amp], batches[i % len(batches)]
+        def update(autocast, i):  # on the i-th batch; a short epoch repeats its batches
+            run, batch = runs[autocast], batches[i % len(batches)]
             parts = {"scheduler": run.scheduler, "scaler": run.scaler}
             train_step_amp(
-                run.model, batch, run.optimizer, **parts, smoothing=config.smoothing, amp=amp
+                run.model,
+                batch,
+                run.optimizer,
+                **parts,
+                smoothing=config.smoothing,
+                autocast=autocast,
             ).tolist()  # read back: the update is done when the clock stops
 
-        for amp in runs:  # one untimed warm-up update each, on batch 0; round r on batch r + 1
-            update(amp, 0)
+        for autocast in runs:  # one untimed warm-up update each, on batch 0; round r on batch r + 1
+            update(autocast, 0)
         seconds = interleaved_rounds(
-            {amp: functools.partial(update, amp) for amp in runs},
+            {autocast: functools.partial(update, autocast) for autocast in runs},
             rounds=rounds,
             measure=lambda work, r: seconds_of_one_call(work, r + 1),
         )
-    return min(seconds, key=lambda amp: statistics.median(seconds[amp]))
+    return min(seconds, key=lambda autocast: statistics.median(seconds[autocast]))
 
 
 def corpus_on(corpus, device):
@@ -123,7 +130,7 @@ class RunState:
     validation: list = field(default_factory=list)  # per evaluation: step, seconds, figures
 
     @classmethod
-    def new(cls, config, vocab, device="cpu", *, amp=None, cuda_graphs=False):
+    def new(cls, config, vocab, device="cpu", *, autocast=None, cuda_graphs=False):
         """A fresh run: the model initialised with config.seed, AdamW with Eq. (3) (the
         capturable one of the CUDA graphs page when asked), and the gradient scaler
         (active only for float16 autocast)."""
@@ -144,7 +151,7 @@ class RunState:
                 scheduler = AnnealedDeviceSchedule(optimizer, ramped, max_steps=config.max_steps)
             else:
                 scheduler = AnnealedSchedule(optimizer, ramped)
-        scaler = torch.amp.GradScaler(torch.device(device).type, enabled=amp == torch.float16)
+        scaler = torch.amp.GradScaler(torch.device(device).type, enabled=autocast == torch.float16)
         return cls(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
 
 
@@ -158,12 +165,12 @@ class RunContext:
     corpus: EncodedCorpus
     val: tuple | None  # (EncodedCorpus of all val pairs, the pairs BLEU translates)
     device: str
-    amp: torch.dtype | None
+    autocast: torch.dtype | None
     rank: int = 0
     world: int = 1
     log: typing.Callable = print
     cuda_graphs: bool = False  # steps replayed as CUDA graphs (the CUDA graphs page)
-    buckets: bool = False  # batches cut to bucketed shapes (the CUDA graphs page) on a GPU
+    bucketed: bool = False  # batches cut to bucketed shapes (the CUDA graphs page) on a GPU
     hardware: str = ""  # the machine, as hardware_description names it, and the precision
 
 
@@ -239,7 +246,7 @@ def save_progress(state, context):
         out, config, latest = context.out, context.config, state.validation[-1:]
         weights = {
             "config": config.defining_fields(),
-            "precision": PRECISIONS[context.amp],
+            "precision": PRECISIONS[context.autocast],
             "cuda_graphs": context.cuda_graphs,
             "tokenizer": context.tokenizer.to_str(),
             "step": state.step,
@@ -267,7 +274,11 @@ def resume_or_start(context, payload):
     """A fresh RunState, or the checkpointed one restored; each rank's own dropout stream."""
     vocab = context.tokenizer.get_vocab_size()
     state = RunState.new(
-        context.config, vocab, context.device, amp=context.amp, cuda_graphs=context.cuda_graphs
+        context.config,
+        vocab,
+        context.device,
+        autocast=context.autocast,
+        cuda_graphs=context.cuda_graphs,
     )
     if payload is not None:
         for name in ("model", "optimizer", "scheduler", "scaler"):
@@ -393,7 +404,7 @@ def train_epoch(state, context, model, *, bar, buckets=(1,), runner=None):
                 scaler=state.scaler,
                 smoothing=config.smoothing,
                 ntokens=ntokens / context.world,
-                amp=context.amp,
+                autocast=context.autocast,
             )
         else:  # the optimizer reads a device tensor; the host keeps the table it was filled from
             lr = state.scheduler.rates[state.step]
@@ -457,11 +468,11 @@ def train(
     run (run_options)."""
     check_device(device)
     rank, world = distributed_rank_and_size()
-    amp, cuda_graphs, buckets = run_options(config, device, world)
+    autocast, cuda_graphs, bucketed = run_options(config, device, world)
     check_run(out_dir, train_pairs)
-    out, measure = pathlib.Path(out_dir), amp == "fastest"
+    out, measure = pathlib.Path(out_dir), autocast == "fastest"
     with RunFolder(out, resume, owner=rank == 0), tf32_matmuls(device):
-        precision, path = None if measure else PRECISIONS[amp], out / "checkpoint.pt"
+        precision, path = None if measure else PRECISIONS[autocast], out / "checkpoint.pt"
         payload = (
             checkpoint_to_resume(path, config, precision, cuda_graphs=cuda_graphs)
             if resume
@@ -472,7 +483,7 @@ def train(
         )
         corpus = EncodedCorpus.from_pairs(train_pairs, tokenizer)
         if measure:
-            amp = resolve_fastest(
+            autocast = resolve_fastest(
                 config, corpus, tokenizer.get_vocab_size(), payload=payload, log=log
             )
         val = None
@@ -488,21 +499,25 @@ def train(
             corpus=corpus,
             val=val,
             device=device,
-            amp=amp,
+            autocast=autocast,
             rank=rank,
             world=world,
             log=log,
             cuda_graphs=cuda_graphs,
-            buckets=buckets,
-            hardware=f"{machine}, {PRECISIONS[amp]}",
+            bucketed=bucketed,
+            hardware=f"{machine}, {PRECISIONS[autocast]}",
         )
         if rank == 0:
-            log(f"on {context.hardware}; steps as CUDA graphs {cuda_graphs}, buckets {buckets}")
+            log(f"on {context.hardware}; steps as CUDA graphs {cuda_graphs}, buckets {bucketed}")
         state = resume_or_start(context, payload)  # before any capture: graphs keep addresses
         runner = None
         if cuda_graphs:
             runner = GraphedTrainStep(
-                state.model, state.optimizer, state.scheduler, smoothing=config.smoothing, amp=amp
+                state.model,
+                state.optimizer,
+                state.scheduler,
+                smoothing=config.smoothing,
+                autocast=autocast,
             )
         model = DistributedModel(state.model) if world > 1 else state.model
         compiled = config.compile != "off"
@@ -510,7 +525,7 @@ def train(
             model = torch.compile(model, backend=config.compile, dynamic=True)
         # few shapes: cuDNN's attention plans each once; compiled, no dimension is ever 1 (a
         # size the compiler specialises, and compiles again for); on a CPU, exact batches
-        buckets = BUCKETS if context.buckets else (8,) if compiled else (1,)
+        buckets = BUCKETS if context.bucketed else (8,) if compiled else (1,)
         last = state.last_step or config.max_steps
         bar = tqdm(total=last, initial=state.step, unit="step", disable=not progress or rank)
         ended = state.step >= last
@@ -521,14 +536,14 @@ def train(
 
 
 def run_options(config, device, world):
-    """(amp, cuda_graphs, buckets) as a run of `config` on `device` with `world` processes
-    uses them: amp an autocast dtype, None (float32) or "fastest" (on a CPU, to be timed);
+    """(autocast, cuda_graphs, bucketed) as a run of `config` on `device` with `world` processes
+    uses them: autocast the autocast dtype, None (float32) or "fastest" (on a CPU, to be timed);
     an unset cuda_graphs on for one uncompiled GPU process not in float16, unset buckets on
     a GPU. Graphs asked for where they cannot run are refused."""
     on_gpu = torch.device(device).type == "cuda"
     fastest = config.amp == "fastest" and not on_gpu
-    amp = "fastest" if fastest else autocast_dtype(config.amp, device)
-    graphs_fit = world == 1 and config.compile == "off" and amp is not torch.float16
+    autocast = "fastest" if fastest else autocast_dtype(config.amp, device)
+    graphs_fit = world == 1 and config.compile == "off" and autocast is not torch.float16
     if config.cuda_graphs and not graphs_fit:
         raise InputError(
             "cuda_graphs=True captures the step of one process, uncompiled, in float32 or "
@@ -536,7 +551,7 @@ def run_options(config, device, world):
             "needs a gradient scaler, which reads the device at every step)"
         )
     graphs = on_gpu and graphs_fit if config.cuda_graphs is None else config.cuda_graphs
-    return amp, graphs, on_gpu if config.buckets is None else config.buckets
+    return autocast, graphs, on_gpu if config.buckets is None else config.buckets
 
 
 def check_run(out_dir, train_pairs):
@@ -555,9 +570,9 @@ def resolve_fastest(config, corpus, vocab, *, payload, log):
     precision it was measured to need), else race_precisions' answer; logged with the reason."""
     if payload:
         names = {name: dtype for dtype, name in PRECISIONS.items()}
-        amp, how = names[payload["precision"]], "the checkpoint"
+        autocast, how = names[payload["precision"]], "the checkpoint"
     else:
-        amp = race_precisions(config, corpus, vocab)
+        autocast = race_precisions(config, corpus, vocab)
         how = "timed: the faster here" if native_bf16("cpu") else "bfloat16 is emulated here"
-    log(f"amp fastest: {PRECISIONS[amp]} ({how})")
-    return amp
+    log(f"amp fastest: {PRECISIONS[autocast]} ({how})")
+    return autocast

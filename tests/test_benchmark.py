@@ -232,9 +232,9 @@ def test_the_graphed_row_trains_the_model_it_is_given_on_the_benchmark_batch():
     assert any(not torch.equal(a, b) for a, b in zip(start, after_warmup))  # 2 steps made
     row.work()
     assert any(not torch.equal(a, p) for a, p in zip(after_warmup, model.parameters()))
-    assert benchmark_rows.graphed_row(TINY, model, torch.device("cpu"), amp=torch.bfloat16).key == (
-        "train/ours-graphed-bf16"
-    )
+    assert benchmark_rows.graphed_row(
+        TINY, model, torch.device("cpu"), autocast=torch.bfloat16
+    ).key == ("train/ours-graphed-bf16")
     compiled = torch.compile(model, backend="aot_eager")  # the wrapper names the row
     assert benchmark_rows.graphed_row(TINY, compiled, torch.device("cpu"), eager_steps=1).key == (
         "train/ours-compiled-graphed"
@@ -359,7 +359,7 @@ def test_profile_rows_train_ours_and_the_twin_on_the_same_batches(tmp_path):
 
     def recording(model, batch, *args, **kwargs):
         name, ntokens = type(model).__name__, int(batch.ntokens)
-        seen.append((name, batch.src.shape, ntokens, kwargs.get("amp")))
+        seen.append((name, batch.src.shape, ntokens, kwargs.get("autocast")))
         return original(model, batch, *args, **kwargs)
 
     benchmark_rows.train_step_amp = recording
@@ -371,8 +371,8 @@ def test_profile_rows_train_ours_and_the_twin_on_the_same_batches(tmp_path):
     shapes = [(len(b), max(data.corpus.lengths[i][0] for i in b)) for b in data.chosen]
     tokens = [data.corpus.target_tokens(b) for b in data.chosen]
     expected = [
-        (model, torch.Size(shape), n, amp)
-        for model, amp in [
+        (model, torch.Size(shape), n, autocast)
+        for model, autocast in [
             ("EncoderDecoder", None),
             ("TorchTransformer", None),
             ("EncoderDecoder", torch.bfloat16),

@@ -78,7 +78,7 @@ def test_the_timed_update_is_the_runs_update_with_a_clock_between_its_parts(monk
     ticks = iter(range(100))
     monkeypatch.setattr(budget.time, "perf_counter", lambda: float(next(ticks)))
     for indices in batches:
-        parts = budget.timed_update(timed, indices, corpus, smoothing=0.1, amp=None)
+        parts = budget.timed_update(timed, indices, corpus, smoothing=0.1, autocast=None)
         # ticks: start, cut done, forward done (scale), backward done (step), end
         assert list(parts) == list(budget.PARTS) and list(parts.values()) == [1.0] * 4
         training.train_step_amp(

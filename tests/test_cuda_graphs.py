@@ -218,7 +218,7 @@ def test_the_runner_refuses_what_a_graph_cannot_do():
     model = make_model(12, 12, N=1, d_model=16, d_ff=32, h=2)
     optimizer, schedule = make_capturable_optimizer(model, 16, max_steps=10)
     with pytest.raises(ValueError, match="float16"):
-        GraphedTrainStep(model, optimizer, schedule, smoothing=0.1, amp=torch.float16)
+        GraphedTrainStep(model, optimizer, schedule, smoothing=0.1, autocast=torch.float16)
     with pytest.raises(ValueError, match="eager_steps"):
         GraphedTrainStep(model, optimizer, schedule, smoothing=0.1, eager_steps=0)
 

@@ -163,3 +163,22 @@ def test_the_record_rule_on_known_dataclasses():
 def test_records_of_more_than_three_fields_take_the_rest_by_keyword(path):
     found = too_positional_records(path.read_text())
     assert not found, f"add kw_only=True or a `_: KW_ONLY` after three fields: {found}"
+
+
+def test_amp_is_the_configs_string_and_autocast_the_dtype_it_means():
+    """`amp` is a run's precision as its config spells it ("auto", "bf16", "off", ...); the
+    autocast dtype that it means on a device (precision.autocast_dtype) is `autocast`
+    everywhere: only autocast_dtype takes an `amp`, and only RunConfig holds one."""
+    taking, holding = [], []
+    for path in sorted(CODE.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef):
+                arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                if "amp" in [a.arg for a in arguments]:
+                    taking.append(f"{path.stem}.{node.name}")
+            elif isinstance(node, ast.ClassDef):
+                fields = [item.target for item in node.body if isinstance(item, ast.AnnAssign)]
+                if "amp" in [getattr(target, "id", None) for target in fields]:
+                    holding.append(f"{path.stem}.{node.name}")
+    assert taking == ["precision.autocast_dtype"]
+    assert holding == ["profiles.RunConfig"]

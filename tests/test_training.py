@@ -693,9 +693,9 @@ def tiny_batch(vocab=40, n=6, seed=0):
 def test_an_fp16_step_with_the_gradient_scaler_is_close_to_the_float32_step():
     config = dataclasses.replace(TINY, vocab_size=40)
     steps = {}
-    for amp in (None, torch.float16):
-        run = training.RunState.new(config, 40, "cpu", amp=amp)
-        assert run.scaler.is_enabled() == (amp is not None)  # only float16 needs the scaler
+    for autocast in (None, torch.float16):
+        run = training.RunState.new(config, 40, "cpu", autocast=autocast)
+        assert run.scaler.is_enabled() == (autocast is not None)  # only float16 needs the scaler
         before = parameters(run.model)
         torch.manual_seed(1)  # the same dropout masks for both
         sums = training.train_step_amp(
@@ -705,10 +705,10 @@ def test_an_fp16_step_with_the_gradient_scaler_is_close_to_the_float32_step():
             scheduler=run.scheduler,
             scaler=run.scaler,
             smoothing=0.1,
-            amp=amp,
+            autocast=autocast,
         )
         updates = [a - b for a, b in zip(parameters(run.model), before)]
-        steps[amp] = sums, torch.cat([u.flatten() for u in updates])
+        steps[autocast] = sums, torch.cat([u.flatten() for u in updates])
     (loss32, update32), (loss16, update16) = steps[None], steps[torch.float16]
     assert not torch.equal(loss32, loss16)  # float16 really computed the forward pass
     assert torch.allclose(loss16, loss32, rtol=1e-2)
@@ -849,13 +849,13 @@ def test_tf32_is_set_through_fp32_precision_only_while_training_and_restored():
 
 def test_the_schedule_does_not_advance_when_the_fp16_scaler_skips_an_update():
     config = dataclasses.replace(TINY, vocab_size=40)
-    run = training.RunState.new(config, 40, "cpu", amp=torch.float16)
+    run = training.RunState.new(config, 40, "cpu", autocast=torch.float16)
     d_model, factor, warmup = config.model.d_model, config.lr_factor, config.warmup_steps
     before = parameters(run.model)
     run.scaler = torch.amp.GradScaler("cpu", init_scale=1e38)  # the scaled loss overflows
     training.train_step_amp(
         run.model, tiny_batch(), run.optimizer,
-        scheduler=run.scheduler, scaler=run.scaler, smoothing=0.1, amp=torch.float16,
+        scheduler=run.scheduler, scaler=run.scaler, smoothing=0.1, autocast=torch.float16,
     )  # fmt: skip
     assert all(torch.equal(a, b) for a, b in zip(parameters(run.model), before))  # skipped
     assert run.scheduler.last_epoch == 0
@@ -863,7 +863,7 @@ def test_the_schedule_does_not_advance_when_the_fp16_scaler_skips_an_update():
     run.scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
     training.train_step_amp(
         run.model, tiny_batch(), run.optimizer,
-        scheduler=run.scheduler, scaler=run.scaler, smoothing=0.1, amp=torch.float16,
+        scheduler=run.scheduler, scaler=run.scaler, smoothing=0.1, autocast=torch.float16,
     )  # fmt: skip
     assert not all(torch.equal(a, b) for a, b in zip(parameters(run.model), before))  # made
     assert run.scheduler.last_epoch == 1
@@ -894,16 +894,16 @@ def test_a_resume_in_another_precision_is_refused_and_fastest_keeps_the_saved_on
 
 def fake_race_clock(monkeypatch, seconds_of):
     """Make the CPU race its precisions on a fake clock that each update advances by
-    seconds_of(amp, calls) (calls: the precisions of the updates so far, this one included),
+    seconds_of(autocast, calls) (calls: the precisions of the updates so far, this one included),
     with native bfloat16. Returns (clock, calls, race), race() racing TINY on the toy pairs."""
     clock, calls = [0.0], []
     monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])  # the race's clock
     original = training.train_step_amp
 
-    def timed(*args, amp=None, **kwargs):
-        calls.append(amp)
-        clock[0] += seconds_of(amp, calls)
-        return original(*args, amp=amp, **kwargs)
+    def timed(*args, autocast=None, **kwargs):
+        calls.append(autocast)
+        clock[0] += seconds_of(autocast, calls)
+        return original(*args, autocast=autocast, **kwargs)
 
     monkeypatch.setattr(training, "train_step_amp", timed)
     monkeypatch.setattr(training, "native_bf16", lambda device: True)
@@ -916,9 +916,9 @@ def fake_race_clock(monkeypatch, seconds_of):
 def test_a_moment_of_slowdown_during_the_race_does_not_flip_it(monkeypatch):
     # float32 takes 2 s an update, bf16 1 s, but one bf16 update is held up for 20 s: the
     # machine paused. Summed, bf16 would lose; its median still wins.
-    def seconds_of(amp, calls):
-        held_up = amp is torch.bfloat16 and calls.count(amp) == 3
-        return 20.0 if held_up else 1.0 if amp is torch.bfloat16 else 2.0
+    def seconds_of(autocast, calls):
+        held_up = autocast is torch.bfloat16 and calls.count(autocast) == 3
+        return 20.0 if held_up else 1.0 if autocast is torch.bfloat16 else 2.0
 
     _, calls, race = fake_race_clock(monkeypatch, seconds_of)
     assert race() is torch.bfloat16
@@ -928,7 +928,9 @@ def test_a_moment_of_slowdown_during_the_race_does_not_flip_it(monkeypatch):
 
 @pytest.mark.parametrize("slower", [None, torch.bfloat16])
 def test_fastest_keeps_the_precision_whose_steps_take_less_time(slower, tmp_path, monkeypatch):
-    clock, _, race = fake_race_clock(monkeypatch, lambda amp, _: 2.0 if amp is slower else 1.0)
+    clock, _, race = fake_race_clock(
+        monkeypatch, lambda autocast, _: 2.0 if autocast is slower else 1.0
+    )
     state = torch.get_rng_state()
     assert race() is (torch.bfloat16 if slower is None else None)
     assert torch.equal(torch.get_rng_state(), state)  # the run's initial weights are unchanged
