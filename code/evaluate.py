@@ -415,7 +415,7 @@ def evaluate(
         "hardware": evaluation["hardware"],
         "every": 10,
         "history": smoothed_history(state["history"]),
-        "validation": state.get("validations", []),
+        "validations": state.get("validations", []),
     }
     safe_files.write_json(out / "metrics.json", metrics)
     print(f"wrote {out / 'evaluation.json'}, {out / 'metrics.json'} and {out / 'hypotheses'}")

@@ -156,7 +156,7 @@ def rung_row(args, trial, rung, *, minutes, data, tokenizer_for, log):
     metrics, cpu = train_until(
         folder, config, minutes * 60, tokenizer=tokenizer, pairs=pairs, val_pairs=val_pairs, log=log
     )
-    last = metrics["validation"][-1]
+    last = metrics["validations"][-1]
     model, _ = at.load_checkpoint(folder / "checkpoint.pt")
     row = {
         "trial": trial,

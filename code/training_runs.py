@@ -127,7 +127,7 @@ class RunState:
     seconds: float = 0.0  # training time over all sessions, validation excluded
     last_step: int = 0  # where an annealed rate reaches 0, once planned (plan_last_step)
     history: list = field(default_factory=list)  # per step: loss, nll, lr, tokens
-    validation: list = field(default_factory=list)  # per evaluation: step, seconds, figures
+    validations: list = field(default_factory=list)  # per evaluation: step, seconds, figures
 
     @classmethod
     def new(cls, config, vocab, device="cpu", *, autocast=None, cuda_graphs=False):
@@ -243,7 +243,7 @@ def save_progress(state, context):
     """Write the snapshot, checkpoint.pt and metrics.json (rank 0; every rank must call)."""
     rng = gather_rng_states(context.device, context.world)
     if context.rank == 0:
-        out, config, latest = context.out, context.config, state.validation[-1:]
+        out, config, latest = context.out, context.config, state.validations[-1:]
         weights = {
             "config": config.defining_fields(),
             "precision": PRECISIONS[context.autocast],
@@ -258,14 +258,14 @@ def save_progress(state, context):
             old.unlink()
         counters = ("epoch", "position", "tokens_seen", "seconds", "history")
         resumable = {name: getattr(state, name) for name in counters}
-        resumable["validations"] = state.validation  # "validation": this step's, above
+        resumable["validations"] = state.validations  # "validation": this step's, above
         for name in ("optimizer", "scheduler", "scaler"):
             resumable[name] = getattr(state, name).state_dict()
         save_checkpoint(out / "checkpoint.pt", {**weights, **resumable, "rng": rng})
         metrics = {"config": config.defining_fields(), "hardware": context.hardware}
         metrics |= {"seconds": round(state.seconds, 1), "history": state.history}
         # unindented: json's C encoder, a few times faster for a history of thousands of steps
-        write_json(out / "metrics.json", {**metrics, "validation": state.validation}, indent=None)
+        write_json(out / "metrics.json", {**metrics, "validations": state.validations}, indent=None)
     if context.world > 1:
         torch.distributed.barrier()
 
@@ -288,7 +288,7 @@ def resume_or_start(context, payload):
             setattr(state, name, payload[name])
         if context.config.anneal and state.step >= context.config.warmup_steps:
             plan_last_step(state, context)  # again: max_steps or max_seconds may have changed
-        state.validation = payload["validations"]
+        state.validations = payload["validations"]
         restore_rng_state(payload["rng"], context.rank, context.world, device=context.device)
         if context.rank == 0:
             context.log(f"resumed from {context.out / 'checkpoint.pt'} at step {state.step}")
@@ -344,7 +344,7 @@ def record_validate_save(state, context, pending, *, done=False):
         val_corpus, val_pairs = context.val
         figures = validate(state.model, val_corpus, val_pairs, tokenizer=context.tokenizer)
         when = {"step": state.step, "seconds": round(state.seconds, 1)}
-        state.validation.append({**when, "tokens_seen": state.tokens_seen, **figures})
+        state.validations.append({**when, "tokens_seen": state.tokens_seen, **figures})
         context.log(f"step {state.step}: validation {figures}")
     if state.step % config.checkpoint_every == 0 or done:
         save_progress(state, context)

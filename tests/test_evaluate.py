@@ -271,7 +271,7 @@ def test_evaluate_within_hours_scores_the_run_as_it_stood_then(tmp_path, short_o
     assert evaluation["steps"] == 3 and evaluation["averaged_steps"] == [3]
     assert evaluation["train_seconds"] == 1800.0
     metrics = json.loads((out / "metrics.json").read_text())
-    assert [v["step"] for v in metrics["validation"]] == [3]
+    assert [v["step"] for v in metrics["validations"]] == [3]
     assert max(h["step"] for h in metrics["history"]) <= 3
 
 

@@ -983,17 +983,17 @@ def test_validation_during_training_is_logged_and_stored_with_snapshots(tmp_path
     config = dataclasses.replace(TINY, max_steps=6, eval_every=3, bleu_sentences=10)
     training.train(config, toy_pairs(), tmp_path, val_pairs=toy_pairs(20, seed=5), log=quiet)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert [v["step"] for v in metrics["validation"]] == [3, 6]
-    for entry in metrics["validation"]:
+    assert [v["step"] for v in metrics["validations"]] == [3, 6]
+    for entry in metrics["validations"]:
         assert {"seconds", "tokens_seen", "val_loss", "val_ppl", "val_bleu"} <= entry.keys()
         assert entry["val_ppl"] == pytest.approx(math.exp(entry["val_loss"]), rel=1e-3)
         assert entry["bleu_sentences"] == 10 and 0 <= entry["val_bleu"] <= 100
-    assert metrics["validation"][1]["tokens_seen"] == sum(h["tokens"] for h in metrics["history"])
+    assert metrics["validations"][1]["tokens_seen"] == sum(h["tokens"] for h in metrics["history"])
     snapshot = torch.load(tmp_path / "checkpoint-0000006.pt", weights_only=True)
-    assert snapshot["validation"] == metrics["validation"][1]
+    assert snapshot["validation"] == metrics["validations"][1]
     checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
-    assert checkpoint["validation"] == metrics["validation"][1]  # the last step's figures
-    assert checkpoint["validations"] == metrics["validation"]  # and all of them
+    assert checkpoint["validation"] == metrics["validations"][1]  # the last step's figures
+    assert checkpoint["validations"] == metrics["validations"]  # and all of them
     assert all("nll" in h for h in metrics["history"])
 
 
@@ -1014,7 +1014,7 @@ def test_validating_more_or_less_often_trains_the_same_weights(tmp_path):
         )
         weights.append(model.state_dict())
     metrics = json.loads((tmp_path / "1" / "metrics.json").read_text())
-    assert len(metrics["validation"]) == 8
+    assert len(metrics["validations"]) == 8
     for other in weights[1:]:
         assert all(torch.equal(weights[0][name], other[name]) for name in weights[0])
 
