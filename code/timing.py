@@ -3,8 +3,8 @@ against each other. Each round measures every variant once, each round starting 
 later (A B C, B C A, C A B, ...), so that a change in the machine's load hits every variant
 alike rather than the one that happened to run then.
 
-Written by hand: the speed benchmark, the budget of a profile and the precision race of a
-run (`training_runs.race_precisions`) time through it.
+Written by hand: the speed benchmark, the budget of a profile, the precision race of a run
+(`training_runs.race_precisions`) and every page that times code time through it.
 """
 
 import time
@@ -30,3 +30,31 @@ def seconds_of_one_call(work, r):
     started = time.perf_counter()
     work(r)
     return time.perf_counter() - started
+
+
+def wall_and_cpu_seconds(work, r=None):
+    """measure for interleaved_rounds, for work that takes no argument: (wall-clock seconds,
+    this thread's CPU seconds) of one call work(). A claim about the work reads the CPU time:
+    another program sharing the cores stretches the wall clock, not the work."""
+    started, started_cpu = time.perf_counter(), time.thread_time()
+    work()
+    return time.perf_counter() - started, time.thread_time() - started_cpu
+
+
+def clock_readings(found):
+    """interleaved_rounds' {name: [(wall, cpu) per round]} as two tables of the same shape:
+    ({name: [wall seconds]}, {name: [CPU seconds]})."""
+    wall = {name: [seconds for seconds, _ in pairs] for name, pairs in found.items()}
+    return wall, {name: [cpu for _, cpu in pairs] for name, pairs in found.items()}
+
+
+def autorange_median(min_run_time):
+    """A measure for interleaved_rounds: the median seconds of work() in one
+    torch.utils.benchmark blocked_autorange of at least `min_run_time` seconds (a round)."""
+    from torch.utils.benchmark import Timer  # only here: the module itself needs no torch
+
+    def measure(work, r=None):
+        timer = Timer("work()", globals={"work": work})
+        return timer.blocked_autorange(min_run_time=min_run_time).median
+
+    return measure
