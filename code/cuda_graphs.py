@@ -66,7 +66,8 @@ class DeviceSchedule:
     copies the table to the device, in place, for updates 1 to max_steps + 1. `steps` counts
     the updates made and `lr`, the tensor the optimizer reads, holds the next update's rate
     (as the LambdaLR keeps it); step() advances both on the device. Past max_steps, where a
-    run never goes, the rate stays the table's last (a replay cannot raise an error)."""
+    run never goes, the rate stays the table's last (a replay cannot raise an error). A fill
+    evaluates the function max_steps + 1 times (about half a microsecond each)."""
 
     def __init__(self, optimizer, rate_of_update, *, max_steps):
         self.lr = optimizer.param_groups[0]["lr"]

@@ -57,7 +57,7 @@ def spent(folder):
 
 def train_until(folder, config, budget, *, tokenizer, pairs, val_pairs, log):
     """Train a trial into `folder` in chunks of eval_every steps until it has used `budget`
-    CPU seconds; returns the metrics of its last validation and the CPU seconds used."""
+    CPU seconds; returns the CPU seconds used."""
     state = spent(folder)
     while state["cpu_seconds"] < budget:
         resume = (folder / "checkpoint.pt").exists()
@@ -69,8 +69,7 @@ def train_until(folder, config, budget, *, tokenizer, pairs, val_pairs, log):
         )
         state["cpu_seconds"] += time.process_time() - start
         safe_files.write_json(folder / "search.json", state)
-    metrics = json.loads((folder / "metrics.json").read_text())
-    return metrics, state["cpu_seconds"]
+    return state["cpu_seconds"]
 
 
 def record(row, path, extra_csv):
@@ -153,11 +152,12 @@ def rung_row(args, trial, rung, *, minutes, data, tokenizer_for, log):
     wall = time.perf_counter()
     folder = args.out / "trials" / folder_name(trial)
     tokenizer = tokenizer_for(config.vocab_size)
-    metrics, cpu = train_until(
+    cpu = train_until(
         folder, config, minutes * 60, tokenizer=tokenizer, pairs=pairs, val_pairs=val_pairs, log=log
     )
-    last = metrics["validations"][-1]
-    model, _ = at.load_checkpoint(folder / "checkpoint.pt")
+    payload = at.read_checkpoint(folder / "checkpoint.pt")  # its format is checked on resume
+    last = payload["validations"][-1]
+    model, _ = at.translator_from(payload)
     row = {
         "trial": trial,
         "rung": rung,

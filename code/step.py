@@ -29,13 +29,14 @@ def train_step_amp(
     captured=False,
 ):
     """train_step (chapter 5) in mixed precision, for one process's share of an update: the
-    loss averaged over `ntokens` target tokens (the batch's own by default). autocast: an
-    autocast dtype or None; scaler: a torch.amp.GradScaler, disabled unless autocast is float16;
-    captured: the step is recorded in a CUDA graph (capturable_step). Returns [loss, nll]
-    summed over the batch, on the device."""
+    loss averaged over `ntokens` target tokens (the batch's own by default). autocast: the
+    dtype the forward pass computes in (torch.bfloat16 or torch.float16; None: float32);
+    scaler: a torch.amp.GradScaler, disabled unless autocast is float16; captured: the step
+    is recorded in a CUDA graph (capturable_step). Returns [loss, nll] summed over the
+    batch, on the device."""
     with mixed_precision(batch.src.device.type, autocast, cache=not captured):
         loss, nll = forward_loss(model, batch, smoothing)
-    scaler.scale(loss / (ntokens or batch.ntokens)).backward()
+    scaler.scale(loss / (batch.ntokens if ntokens is None else ntokens)).backward()
     scale = scaler.get_scale() if scaler.is_enabled() else None
     scaler.step(optimizer)  # float16: skipped when a gradient overflowed,
     scaler.update()  # and then the scale is lowered

@@ -35,7 +35,8 @@ def seconds_of_one_call(work, r):
 def wall_and_cpu_seconds(work, r=None):
     """measure for interleaved_rounds, for work that takes no argument: (wall-clock seconds,
     this thread's CPU seconds) of one call work(). A claim about the work reads the CPU time:
-    another program sharing the cores stretches the wall clock, not the work."""
+    another program sharing the cores stretches the wall clock, not the work. It counts the
+    calling thread only: time work on one thread (torch.set_num_threads(1))."""
     started, started_cpu = time.perf_counter(), time.thread_time()
     work()
     return time.perf_counter() - started, time.thread_time() - started_cpu
@@ -48,13 +49,14 @@ def clock_readings(found):
     return wall, {name: [cpu for _, cpu in pairs] for name, pairs in found.items()}
 
 
-def autorange_median(min_run_time):
+def autorange_median(min_run_time, *, num_threads=1):
     """A measure for interleaved_rounds: the median seconds of work() in one
-    torch.utils.benchmark blocked_autorange of at least `min_run_time` seconds (a round)."""
+    torch.utils.benchmark blocked_autorange of at least `min_run_time` seconds (a round), on
+    `num_threads` threads (the Timer sets its own count: 1 unless told)."""
     from torch.utils.benchmark import Timer  # only here: the module itself needs no torch
 
     def measure(work, r=None):
-        timer = Timer("work()", globals={"work": work})
+        timer = Timer("work()", globals={"work": work}, num_threads=num_threads)
         return timer.blocked_autorange(min_run_time=min_run_time).median
 
     return measure

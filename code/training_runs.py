@@ -79,7 +79,8 @@ def race_precisions(config, corpus, vocab, *, rounds=5):
     batches = [corpus.batch(indices) for indices, *_ in plan]
     with torch.random.fork_rng():
         runs = {
-            dtype: RunState.new(config, vocab, autocast=dtype) for dtype in (None, torch.bfloat16)
+            autocast: RunState.new(config, vocab, autocast=autocast)
+            for autocast in (None, torch.bfloat16)
         }
 
         def update(autocast, i):  # on the i-th batch; a short epoch repeats its batches

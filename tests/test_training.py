@@ -1165,6 +1165,44 @@ def test_train_with_cuda_graphs_runs_its_step_eagerly_on_a_cpu_as_the_plain_loop
         training.train(compiled, toy_pairs(), tmp_path / "c", log=quiet)
 
 
+def test_an_annealed_graphed_run_resumes_from_the_schedule_state_older_checkpoints_hold(
+    tmp_path,
+):
+    """Graphed runs' checkpoints written before the device schedule became a table hold
+    {"steps", "last_step"}; such a run resumes as one whose checkpoint holds {"steps"}: the
+    count is read, and the last step planned again from the recipe."""
+    import shutil
+
+    config = dataclasses.replace(
+        profiles.apply_changes(TINY, {"dropout": 0.0}),
+        cuda_graphs=True,
+        anneal=0.5,
+        warmup_steps=2,
+        max_steps=8,
+        checkpoint_every=4,
+    )
+    training.train(
+        dataclasses.replace(config, max_steps=4), toy_pairs(), tmp_path / "new", log=quiet
+    )
+    shutil.copytree(tmp_path / "new", tmp_path / "old")
+    payload = at.read_checkpoint(tmp_path / "old" / "checkpoint.pt")
+    assert payload["scheduler"] == {"steps": 4}
+    payload["scheduler"]["last_step"] = 4  # what the older format stored: the plan of then
+    at.save_checkpoint(tmp_path / "old" / "checkpoint.pt", payload)
+    runs = {
+        name: training.train(config, toy_pairs(), tmp_path / name, resume=True, log=quiet)
+        for name in ("new", "old")
+    }
+    (new_model, _, new_history), (old_model, _, old_history) = runs.values()
+    assert new_history == old_history and [h["step"] for h in new_history] == list(range(1, 9))
+    for a, b in zip(new_model.parameters(), old_model.parameters()):
+        assert torch.equal(a, b)
+    ramped = schedule.AnnealedRate(
+        config.model.d_model, config.lr_factor, config.warmup_steps, share=0.5, last_step=8
+    )
+    assert [h["lr"] for h in new_history[4:]] == [ramped(k) for k in range(4, 8)]
+
+
 def test_the_machine_description_names_the_instruction_sets_that_decide_cpu_speed():
     description = hardware.hardware_description()
     threads = torch.get_num_threads()
