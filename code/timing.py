@@ -49,6 +49,16 @@ def clock_readings(found):
     return wall, {name: [cpu for _, cpu in pairs] for name, pairs in found.items()}
 
 
+def wall_and_cpu_rounds(calls, *, rounds, warm_up=True):
+    """How the pages time calls {name: work()}: one untimed call each (unless warm_up is
+    False), then `rounds` interleaved rounds of wall_and_cpu_seconds, as two tables
+    ({name: [wall seconds]}, {name: [CPU seconds]}) (clock_readings)."""
+    if warm_up:
+        for call in calls.values():
+            call()
+    return clock_readings(interleaved_rounds(calls, rounds=rounds, measure=wall_and_cpu_seconds))
+
+
 def autorange_median(min_run_time, *, num_threads=1):
     """A measure for interleaved_rounds: the median seconds of work() in one
     torch.utils.benchmark blocked_autorange of at least `min_run_time` seconds (a round), on

@@ -57,7 +57,7 @@ def test_autorange_median_runs_the_work_and_reports_seconds_per_call():
 
 def test_the_pages_time_code_through_the_one_timer():
     """A page's cell that compares timings measures them with timing's rounds and readings
-    (interleaved_rounds, wall_and_cpu_seconds, autorange_median), never with a clock or a
+    (wall_and_cpu_rounds, interleaved_rounds, autorange_median), never with a clock or a
     Timer of its own; the exported training loop's device clock is no comparison."""
     import json
     import pathlib
@@ -71,3 +71,20 @@ def test_the_pages_time_code_through_the_one_timer():
             if cell["cell_type"] == "code" and not source.startswith("#| export"):
                 found += [f"{path.stem}, cell {number}: {c}" for c in own if c in source]
     assert not found, found
+
+
+def test_wall_and_cpu_rounds_warm_up_once_then_time_every_call_in_each_round(monkeypatch):
+    ticks = iter(range(100))
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: 2.0 * next(ticks))
+    monkeypatch.setattr(timing.time, "thread_time", lambda: 1.0 * next(ticks))
+    calls = {"A": [], "B": []}
+    work = {name: (lambda seen=seen: seen.append(1)) for name, seen in calls.items()}
+    wall, cpu = timing.wall_and_cpu_rounds(work, rounds=3)
+    assert {name: len(seen) for name, seen in calls.items()} == {"A": 4, "B": 4}  # 1 + 3
+    # each reading: perf_counter, thread_time, the call, perf_counter, thread_time (ticks
+    # t, t + 1, t + 2, t + 3): 2 ticks apart on each clock, the wall clock's twice as long
+    assert wall == {"A": [4.0] * 3, "B": [4.0] * 3} and cpu == {"A": [2.0] * 3, "B": [2.0] * 3}
+    calls = {"A": [], "B": []}
+    work = {name: (lambda seen=seen: seen.append(1)) for name, seen in calls.items()}
+    timing.wall_and_cpu_rounds(work, rounds=2, warm_up=False)
+    assert {name: len(seen) for name, seen in calls.items()} == {"A": 2, "B": 2}
